@@ -1,0 +1,5 @@
+import sys
+
+from plugproxy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,301 @@
+"""Public, typed interfaces of plugproxy: what a pipeline stage sees and implements.
+
+A call flows through the ordered stage list of :mod:`plugproxy.pipeline`. Each stage may
+implement any of these hooks; a hook a stage does not define costs nothing:
+
+- ``on_start(call)``: the call arrived. For methods with a unary request, ``call.request``
+  is already set. May be ``async`` (serialization waits here). Raising :class:`Reject`
+  answers the call with that status; it never reaches the plugin.
+- ``on_request(call, message)``: each request message of a client-streaming call.
+- ``on_response(call, message)``: each response message, unary or streamed.
+- ``on_finish(call)``: the call ended; ``call.code``/``call.details`` hold the status the
+  CO receives. Runs in reverse list order, and only for stages whose ``on_start`` ran.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import grpc
+
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from google.protobuf.message import Message
+
+MetadataValue = str | bytes
+Metadata = tuple[tuple[str, MetadataValue], ...]
+
+
+class CallKind(enum.Enum):
+    """gRPC call type, as the method descriptor states it."""
+
+    UNARY_UNARY = "unary"
+    UNARY_STREAM = "server_streaming"
+    STREAM_UNARY = "client_streaming"
+    STREAM_STREAM = "bidi_streaming"
+
+    @property
+    def unary_request(self) -> bool:
+        return self in (CallKind.UNARY_UNARY, CallKind.UNARY_STREAM)
+
+    @property
+    def unary_response(self) -> bool:
+        return self in (CallKind.UNARY_UNARY, CallKind.STREAM_UNARY)
+
+
+class Party(enum.Enum):
+    """Who a spec rule judges: the orchestrator (requests, call order) or the plugin."""
+
+    CO = "co"
+    PLUGIN = "plugin"
+
+
+@dataclass(frozen=True, eq=False)
+class SpecInfo:
+    """One spec version with its own descriptor pool (csi_secret and cmi_secret collide)."""
+
+    name: str  # "csi.v1", "csi.v0", "cosi.v1alpha1", "cmi.v1"
+    family: str  # "csi", "cosi", "cmi"
+    pool: DescriptorPool
+    secret_option: FieldDescriptor | None
+    field_options_class: type[Message] | None
+    message_classes: dict[str, type[Message]] = field(repr=False)
+
+    def message_class(self, full_name: str) -> type[Message]:
+        return self.message_classes[full_name]
+
+    def descriptor(self, full_name: str) -> Descriptor:
+        return self.pool.FindMessageTypeByName(full_name)
+
+    def is_secret_field(self, fd: FieldDescriptor) -> bool:
+        """True when the field carries this spec's secret option (resolved by full name)."""
+        if self.secret_option is None or self.field_options_class is None:
+            return False
+        raw = fd.GetOptions().SerializeToString()
+        if not raw:
+            return False
+        opts = self.field_options_class.FromString(raw)
+        return bool(opts.Extensions[self.secret_option])  # type: ignore[index]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class MethodInfo:
+    """A full method path and what the descriptors say of it (spec None when unknown)."""
+
+    path: str  # "/csi.v1.Controller/CreateVolume"
+    service: str  # "csi.v1.Controller"
+    name: str  # "CreateVolume"
+    kind: CallKind
+    spec: SpecInfo | None = None
+    descriptor: MethodDescriptor | None = None
+    request_class: type[Message] | None = None
+    response_class: type[Message] | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def spec_name(self) -> str:
+        return self.spec.name if self.spec is not None else "unknown"
+
+
+class LazyMessage:
+    """Wire bytes of one message, decoded on first use and at most once."""
+
+    __slots__ = ("_decoded", "_done", "_error", "cls", "raw")
+
+    def __init__(self, raw: bytes, cls: type[Message] | None) -> None:
+        self.raw = raw
+        self.cls = cls
+        self._done = False
+        self._decoded: Message | None = None
+        self._error: str | None = None
+
+    def _decode(self) -> None:
+        self._done = True
+        if self.cls is None:
+            return
+        try:
+            self._decoded = self.cls.FromString(self.raw)
+        except Exception as exc:  # any decode failure is data, not a crash
+            self._error = f"cannot decode {self.cls.DESCRIPTOR.full_name}: {type(exc).__name__}"
+
+    @property
+    def message(self) -> Message | None:
+        """The decoded message, or None when the type is unknown or the bytes are malformed."""
+        if not self._done:
+            self._decode()
+        return self._decoded
+
+    @property
+    def decode_error(self) -> str | None:
+        if not self._done:
+            self._decode()
+        return self._error
+
+
+@dataclass(slots=True)
+class CallEvent:
+    """Something a stage noticed during a call; the log and trace stages render these."""
+
+    name: str
+    attributes: dict[str, str | int | float | bool]
+    time_ns: int = field(default_factory=time.time_ns)
+
+
+class Reject(Exception):
+    """Raised by a stage to answer the call itself with this status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Call:
+    """One RPC as it crosses the proxy; shared by every stage of the pipeline."""
+
+    __slots__ = (
+        "code",
+        "details",
+        "events",
+        "initial_metadata",
+        "invocation_metadata",
+        "method",
+        "peer",
+        "rejected",
+        "request",
+        "request_count",
+        "response",
+        "response_count",
+        "stage_state",
+        "start_monotonic",
+        "start_time_ns",
+        "started_stages",
+        "timeout",
+        "trailing_metadata",
+        "upstream_metadata",
+    )
+
+    def __init__(
+        self,
+        method: MethodInfo,
+        invocation_metadata: Metadata,
+        upstream_metadata: list[tuple[str, MetadataValue]],
+        timeout: float | None,
+        peer: str = "",
+    ) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+        # What the forwarder sends upstream; stages may append (traceparent, request id).
+        self.upstream_metadata = upstream_metadata
+        self.timeout = timeout
+        self.peer = peer
+        self.request: LazyMessage | None = None
+        self.response: LazyMessage | None = None
+        self.request_count = 0
+        self.response_count = 0
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+        self.initial_metadata: Metadata = ()
+        self.trailing_metadata: Metadata = ()
+        self.rejected = False
+        self.events: list[CallEvent] = []
+        self.stage_state: dict[str, Any] = {}
+        self.started_stages = 0  # how many stages' on_start ran (their on_finish will run)
+        self.start_monotonic = time.monotonic()
+        self.start_time_ns = time.time_ns()
+
+    def add_event(self, name: str, **attributes: str | int | float | bool) -> None:
+        self.events.append(CallEvent(name, attributes))
+
+    def metadata_value(self, key: str) -> MetadataValue | None:
+        for k, v in self.invocation_metadata:
+            if k == key:
+                return v
+        return None
+
+    def remaining_timeout(self) -> float | None:
+        if self.timeout is None:
+            return None
+        return self.timeout - (time.monotonic() - self.start_monotonic)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start_monotonic
+
+
+StartHook = Callable[[Call], Awaitable[None] | None]
+MessageHook = Callable[[Call, LazyMessage], None]
+FinishHook = Callable[[Call], None]
+
+
+class Stage:
+    """Base of every pipeline stage. Subclasses define only the hooks they need.
+
+    ``fail_open``: when True, an exception inside a hook is logged and the call goes on
+    (metrics, tracing). When False, it ends the call with INTERNAL (validation,
+    serialization): a broken guard must not wave calls through.
+    """
+
+    name: ClassVar[str] = "stage"
+    fail_open: ClassVar[bool] = False
+
+    def wants(self, method: MethodInfo) -> bool:
+        """Whether this stage takes part in calls of ``method``; decided once at startup."""
+        return True
+
+    async def startup(self) -> None:
+        """Called once after the server starts listening."""
+
+    async def shutdown(self) -> None:
+        """Called once after the server stopped; flush exporters here."""
+
+
+class UpstreamState(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+class UpstreamView(Protocol):
+    """What stages may know of the upstream connection."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def state(self) -> UpstreamState: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    async def unary(
+        self, method: str, request: bytes, timeout: float, metadata: Sequence[tuple[str, str]] = ()
+    ) -> bytes:
+        """Send one unary call of the proxy's own (capability or probe queries)."""
+        ...
+
+
+AdminHandler = Callable[[], tuple[int, str, bytes]]
+"""An admin route: returns (HTTP status, content type, body)."""
+
+ReadinessCheck = Callable[[], tuple[bool, str]]
+"""Returns (ready, reason). /readyz is ready when every check is."""
+
+
+@dataclass(eq=False)
+class Runtime:
+    """What a stage's ``build(ns, runtime)`` may use: shared services of one proxy."""
+
+    registry: Any  # plugproxy.registry.Registry
+    upstream: UpstreamView
+    logger: Any  # plugproxy.log.Logger
+    metrics: Any  # prometheus_client.CollectorRegistry, served on /metrics
+    admin_routes: dict[str, AdminHandler] = field(default_factory=dict)
+    readiness_checks: list[ReadinessCheck] = field(default_factory=list)

@@ -1,0 +1,168 @@
+"""Command-line options with environment twins, declared by the module that uses them.
+
+Every ``--some-flag`` can also be set as ``PLUGPROXY_SOME_FLAG``; a flag on the command
+line wins over its environment twin. Repeatable flags take a comma-separated list in the
+environment. The CLI and the generated configuration reference both read these tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from plugproxy.endpoints import ConfigError
+
+ENV_PREFIX = "PLUGPROXY_"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Misconfiguration is reported in one line, with a non-zero exit."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"plugproxy: error: {message}\n")
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    default: Any = None
+    type: Callable[[str], Any] = str
+    choices: Sequence[str] | None = None
+    repeatable: bool = False
+    metavar: str | None = None
+    is_switch: bool = False  # a flag without a value (store_true)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+def _parse_bool(raw: str, env: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{env}={raw!r}: expected true or false")
+
+
+def _convert(opt: Option, raw: str) -> Any:
+    try:
+        value = opt.type(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{opt.env}={raw!r}: {exc}") from None
+    if opt.choices is not None and value not in opt.choices:
+        raise ConfigError(f"{opt.env}={raw!r}: expected one of {', '.join(opt.choices)}")
+    return value
+
+
+def env_default(opt: Option, environ: Mapping[str, str]) -> Any:
+    """The option's default, taken from its environment twin when that is set."""
+    raw = environ.get(opt.env)
+    if raw is None:
+        return list(opt.default or []) if opt.repeatable else opt.default
+    if opt.is_switch:
+        return _parse_bool(raw, opt.env)
+    if opt.repeatable:
+        return [_convert(opt, item.strip()) for item in raw.split(",") if item.strip()]
+    return _convert(opt, raw)
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    options: Sequence[Option],
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    env = os.environ if environ is None else environ
+    for opt in options:
+        default = env_default(opt, env)
+        help_text = f"{opt.help} [env {opt.env}]"
+        if opt.is_switch:
+            parser.add_argument(opt.flag, action="store_true", default=default, help=help_text)
+        elif opt.repeatable:
+            # Values from the command line replace the environment's list rather than extend it.
+            parser.add_argument(
+                opt.flag,
+                action=_ReplaceThenAppend,
+                type=opt.type,
+                choices=opt.choices,
+                default=default,
+                metavar=opt.metavar,
+                help=help_text + " (repeatable)",
+            )
+        else:
+            parser.add_argument(
+                opt.flag,
+                type=opt.type,
+                choices=opt.choices,
+                default=default,
+                metavar=opt.metavar,
+                help=help_text,
+            )
+
+
+class _ReplaceThenAppend(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen = f"_{self.dest}_from_cli"
+        current = getattr(namespace, self.dest) if getattr(namespace, seen, False) else []
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, [*current, values])
+
+
+def byte_size(raw: str) -> int:
+    """'16MiB', '4096', '1k' -> bytes."""
+    text = raw.strip().lower().removesuffix("b").removesuffix("i")
+    factor = 1
+    for suffix, mult in (("k", 1024), ("m", 1024**2), ("g", 1024**3)):
+        if text.endswith(suffix):
+            text, factor = text[:-1], mult
+            break
+    try:
+        value = int(float(text) * factor)
+    except ValueError:
+        raise ValueError(f"not a size: {raw!r} (e.g. 4194304, 16MiB)") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive: {raw!r}")
+    return value
+
+
+def duration(raw: str) -> float:
+    """'30', '30s', '500ms', '2m', '1h' -> seconds."""
+    text = raw.strip().lower()
+    for suffix, mult in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if text.endswith(suffix):
+            text, factor = text[: -len(suffix)], mult
+            break
+    else:
+        factor = 1.0
+    try:
+        value = float(text) * factor
+    except ValueError:
+        raise ValueError(f"not a duration: {raw!r} (e.g. 30s, 500ms, 1h)") from None
+    if value < 0:
+        raise ValueError(f"duration must not be negative: {raw!r}")
+    return value
+
+
+def octal_mode(raw: str) -> int:
+    try:
+        value = int(raw, 8)
+    except ValueError:
+        raise ValueError(f"not an octal file mode: {raw!r} (e.g. 0660)") from None
+    if not 0 <= value <= 0o777:
+        raise ValueError(f"file mode out of range: {raw!r}")
+    return value

@@ -1,0 +1,432 @@
+"""The forwarder: relays every call, known or not, to the plugin as raw bytes.
+
+Message bytes are never re-encoded, so unknown fields survive. Request metadata, response
+headers and trailers, status code, message and details (grpc-status-details-bin travels in
+the trailers), the remaining deadline and cancellation all cross unchanged. Known methods
+run their stage chain (see :mod:`plugproxy.pipeline`); a method no stage wants takes the
+passthrough path, which builds no Call object at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+try:  # see _write_upstream
+    from grpc._cython.cygrpc import InternalError as _CoreInternalError
+except ImportError:  # pragma: no cover - other grpc builds
+    _CoreInternalError = None
+
+from plugproxy.api import Call, CallKind, LazyMessage, Metadata, MethodInfo, Reject, Stage
+from plugproxy.log import Logger
+from plugproxy.pipeline import Chain, compile_chain
+from plugproxy.registry import Registry
+from plugproxy.upstream import Upstream
+
+# Transport-level headers: grpc sets its own on the upstream hop.
+HOP_BY_HOP = frozenset(
+    {
+        "user-agent",
+        "te",
+        "content-type",
+        "grpc-timeout",
+        "grpc-encoding",
+        "grpc-accept-encoding",
+        "grpc-message-type",
+    }
+)
+
+# grpc ships no type information; its server context is dynamically typed here.
+ServicerContext = Any
+
+
+def forwardable(metadata: Any) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in (metadata or ()) if k not in HOP_BY_HOP and not k.startswith(":")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Method:
+    info: MethodInfo
+    chain: Chain | None
+    upstream: Any  # the channel's multi-callable for this path
+
+
+class _Relay:
+    """What one call needs to answer the CO: status, headers sent or not."""
+
+    __slots__ = ("headers_sent",)
+
+    def __init__(self) -> None:
+        self.headers_sent = False
+
+    async def send_headers(self, context: ServicerContext, initial: Metadata | None) -> None:
+        if not self.headers_sent:
+            self.headers_sent = True
+            if initial:
+                await context.send_initial_metadata(initial)
+
+
+class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
+    """A generic handler that answers every method path by forwarding it upstream."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        upstream: Upstream,
+        stages: list[Stage],
+        logger: Logger,
+    ) -> None:
+        self.registry = registry
+        self.upstream = upstream
+        self.stages = stages
+        self.logger = logger
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {
+            info.path: self._handler(info) for info in registry.methods()
+        }
+
+    # grpc calls this once per incoming call to find the handler.
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        path: str = handler_call_details.method
+        handler = self._handlers.get(path)
+        if handler is None:
+            # Unknown methods are not cached: a CO sending random paths must not grow memory.
+            handler = self._handler(self.registry.lookup(path))
+        return handler
+
+    def _handler(self, info: MethodInfo) -> grpc.RpcMethodHandler:
+        chain = compile_chain(self.stages, info, self.logger) if info.known else None
+        channel = self.upstream.channel
+        kind = info.kind
+        if kind is CallKind.UNARY_UNARY:
+            method = _Method(info, chain, channel.unary_unary(info.path))
+            fn: Any = self._passthrough_unary if chain is None else self._unary_unary
+            return grpc.unary_unary_rpc_method_handler(functools.partial(fn, method))
+        if kind is CallKind.UNARY_STREAM:
+            method = _Method(info, chain, channel.unary_stream(info.path))
+            return grpc.unary_stream_rpc_method_handler(
+                functools.partial(self._unary_stream, method)
+            )
+        if kind is CallKind.STREAM_UNARY:
+            method = _Method(info, chain, channel.stream_unary(info.path))
+            return grpc.stream_unary_rpc_method_handler(
+                functools.partial(self._stream_unary, method)
+            )
+        method = _Method(info, chain, channel.stream_stream(info.path))
+        return grpc.stream_stream_rpc_method_handler(functools.partial(self._stream_stream, method))
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def _upstream_error(self, err: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
+        code, details = err.code(), err.details() or ""
+        if code is grpc.StatusCode.UNAVAILABLE and not self.upstream.channel_is_ready():
+            details = self.upstream.unavailable_details(details)
+        elif code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+            details = f"plugproxy: plugin response exceeds --max-message-bytes: {details}"
+        return code, details
+
+    async def _abort(
+        self,
+        context: ServicerContext,
+        relay: _Relay,
+        code: grpc.StatusCode,
+        details: str,
+        initial: Metadata | None = None,
+        trailing: Metadata | None = None,
+    ) -> None:
+        await relay.send_headers(context, tuple(initial or ()))
+        await context.abort(code, details, tuple(trailing or ()))
+
+    # -- unary → unary ----------------------------------------------------------------------
+
+    async def _passthrough_unary(
+        self, method: _Method, request: bytes, context: ServicerContext
+    ) -> bytes:
+        ucall = method.upstream(
+            request,
+            metadata=forwardable(context.invocation_metadata()),
+            timeout=context.time_remaining(),
+        )
+        try:
+            response: bytes = await ucall
+        except grpc.aio.AioRpcError as err:
+            code, details = self._upstream_error(err)
+            await self._abort(
+                context, _Relay(), code, details, err.initial_metadata(), err.trailing_metadata()
+            )
+            raise  # unreachable: abort raises
+        except asyncio.CancelledError:
+            ucall.cancel()
+            raise
+        initial = await ucall.initial_metadata()
+        if initial:
+            await context.send_initial_metadata(initial)
+        trailing = await ucall.trailing_metadata()
+        if trailing:
+            context.set_trailing_metadata(trailing)
+        return response
+
+    def _new_call(self, method: _Method, context: ServicerContext) -> Call:
+        md = tuple(context.invocation_metadata() or ())
+        return Call(method.info, md, forwardable(md), context.time_remaining(), context.peer())
+
+    async def _unary_unary(
+        self, method: _Method, request: bytes, context: ServicerContext
+    ) -> bytes:
+        chain = method.chain
+        assert chain is not None
+        call = self._new_call(method, context)
+        call.request = LazyMessage(request, method.info.request_class)
+        call.request_count = 1
+        relay = _Relay()
+        response = b""
+        try:
+            try:
+                await chain.run_start(call)
+                ucall = method.upstream(
+                    request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
+                )
+                try:
+                    response = await ucall
+                except asyncio.CancelledError:
+                    ucall.cancel()
+                    raise
+                call.response = LazyMessage(response, method.info.response_class)
+                call.response_count = 1
+                call.initial_metadata = tuple(await ucall.initial_metadata() or ())
+                call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
+                chain.run_response(call, call.response)
+            except Reject as rej:
+                call.code, call.details, call.rejected = rej.code, rej.message, True
+            except grpc.aio.AioRpcError as err:
+                call.code, call.details = self._upstream_error(err)
+                call.initial_metadata = tuple(err.initial_metadata() or ())
+                call.trailing_metadata = tuple(err.trailing_metadata() or ())
+        except asyncio.CancelledError:
+            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            raise
+        finally:
+            chain.run_finish(call)
+        if call.code is not grpc.StatusCode.OK:
+            await self._abort(
+                context,
+                relay,
+                call.code,
+                call.details,
+                call.initial_metadata,
+                call.trailing_metadata,
+            )
+        await relay.send_headers(context, call.initial_metadata)
+        if call.trailing_metadata:
+            context.set_trailing_metadata(call.trailing_metadata)
+        return response
+
+    # -- unary → stream ---------------------------------------------------------------------
+
+    async def _unary_stream(
+        self, method: _Method, request: bytes, context: ServicerContext
+    ) -> AsyncIterator[bytes]:
+        chain = method.chain
+        call = self._new_call(method, context)
+        call.request_count = 1
+        if chain is not None:
+            call.request = LazyMessage(request, method.info.request_class)
+        relay = _Relay()
+        response_class = method.info.response_class
+        ucall: Any = None
+        try:
+            try:
+                if chain is not None:
+                    await chain.run_start(call)
+                ucall = method.upstream(
+                    request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
+                )
+                call.initial_metadata = tuple(await ucall.initial_metadata() or ())
+                await relay.send_headers(context, call.initial_metadata)
+                async for raw in ucall:
+                    call.response_count += 1
+                    if chain is not None and chain.response:
+                        chain.run_response(call, LazyMessage(raw, response_class))
+                    yield raw
+                call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
+            except Reject as rej:
+                call.code, call.details, call.rejected = rej.code, rej.message, True
+            except grpc.aio.AioRpcError as err:
+                call.code, call.details = self._upstream_error(err)
+                call.initial_metadata = tuple(err.initial_metadata() or ())
+                call.trailing_metadata = tuple(err.trailing_metadata() or ())
+        except (asyncio.CancelledError, GeneratorExit):
+            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            if ucall is not None:
+                ucall.cancel()
+            raise
+        finally:
+            if chain is not None:
+                chain.run_finish(call)
+        await self._end_stream(context, relay, call)
+
+    async def _end_stream(self, context: ServicerContext, relay: _Relay, call: Call) -> None:
+        if call.code is not grpc.StatusCode.OK:
+            await self._abort(
+                context,
+                relay,
+                call.code,
+                call.details,
+                call.initial_metadata,
+                call.trailing_metadata,
+            )
+        await relay.send_headers(context, call.initial_metadata)
+        if call.trailing_metadata:
+            context.set_trailing_metadata(call.trailing_metadata)
+
+    # -- stream → unary / stream ------------------------------------------------------------
+
+    async def _pump(
+        self, requests: AsyncIterator[bytes], ucall: Any, call: Call, chain: Chain | None
+    ) -> None:
+        """Copy the CO's request stream upstream; stops quietly when the upstream call ends."""
+        request_class = call.method.request_class
+        try:
+            async for raw in requests:
+                call.request_count += 1
+                if chain is not None and chain.request:
+                    chain.run_request(call, LazyMessage(raw, request_class))
+                if not await _write_upstream(ucall, raw):
+                    return
+            await ucall.done_writing()
+        except Reject as rej:
+            call.code, call.details, call.rejected = rej.code, rej.message, True
+            ucall.cancel()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass  # the upstream call ended; its status is read on the response side
+
+    async def _stream_unary(
+        self, method: _Method, requests: AsyncIterator[bytes], context: ServicerContext
+    ) -> bytes:
+        chain = method.chain
+        call = self._new_call(method, context)
+        relay = _Relay()
+        response = b""
+        pump: asyncio.Task[None] | None = None
+        ucall: Any = None
+        try:
+            try:
+                if chain is not None:
+                    await chain.run_start(call)
+                ucall = method.upstream(
+                    metadata=call.upstream_metadata, timeout=call.remaining_timeout()
+                )
+                pump = asyncio.ensure_future(self._pump(requests, ucall, call, chain))
+                response = await ucall
+                call.response_count = 1
+                call.initial_metadata = tuple(await ucall.initial_metadata() or ())
+                call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
+                if chain is not None and chain.response:
+                    chain.run_response(call, LazyMessage(response, method.info.response_class))
+            except Reject as rej:
+                call.code, call.details, call.rejected = rej.code, rej.message, True
+            except grpc.aio.AioRpcError as err:
+                if not call.rejected:
+                    call.code, call.details = self._upstream_error(err)
+                    call.initial_metadata = tuple(err.initial_metadata() or ())
+                    call.trailing_metadata = tuple(err.trailing_metadata() or ())
+        except asyncio.CancelledError:
+            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            if ucall is not None:
+                ucall.cancel()
+            raise
+        finally:
+            await _stop(pump)
+            if chain is not None:
+                chain.run_finish(call)
+        await self._end_stream(context, relay, call)
+        return response
+
+    async def _stream_stream(
+        self, method: _Method, requests: AsyncIterator[bytes], context: ServicerContext
+    ) -> AsyncIterator[bytes]:
+        chain = method.chain
+        call = self._new_call(method, context)
+        relay = _Relay()
+        response_class = method.info.response_class
+        pump: asyncio.Task[None] | None = None
+        ucall: Any = None
+        try:
+            try:
+                if chain is not None:
+                    await chain.run_start(call)
+                ucall = method.upstream(
+                    metadata=call.upstream_metadata, timeout=call.remaining_timeout()
+                )
+                pump = asyncio.ensure_future(self._pump(requests, ucall, call, chain))
+                call.initial_metadata = tuple(await ucall.initial_metadata() or ())
+                await relay.send_headers(context, call.initial_metadata)
+                while True:
+                    raw = await ucall.read()
+                    if raw is grpc.aio.EOF:
+                        break
+                    call.response_count += 1
+                    if chain is not None and chain.response:
+                        chain.run_response(call, LazyMessage(raw, response_class))
+                    yield raw
+                code = await ucall.code()
+                call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
+                if code is not grpc.StatusCode.OK and not call.rejected:
+                    call.code, call.details = code, await ucall.details() or ""
+            except Reject as rej:
+                call.code, call.details, call.rejected = rej.code, rej.message, True
+            except grpc.aio.AioRpcError as err:
+                if not call.rejected:
+                    call.code, call.details = self._upstream_error(err)
+                    call.initial_metadata = tuple(err.initial_metadata() or ())
+                    call.trailing_metadata = tuple(err.trailing_metadata() or ())
+        except (asyncio.CancelledError, GeneratorExit):
+            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            if ucall is not None:
+                ucall.cancel()
+            raise
+        finally:
+            await _stop(pump)
+            if chain is not None:
+                chain.run_finish(call)
+        await self._end_stream(context, relay, call)
+
+
+async def _write_upstream(ucall: Any, raw: bytes) -> bool:
+    """Write one request message upstream; False when the upstream call has already ended.
+
+    grpc.aio's own ``write`` marks the call INTERNAL ("Internal error from Core") when a
+    write races with the plugin ending the call, and that INTERNAL replaces the plugin's
+    real status. Here a failed write only stops the pump; the status read on the response
+    side stays the plugin's. Falls back to ``write`` if grpc's internals ever change.
+    """
+    cython_call = getattr(ucall, "_cython_call", None)
+    metadata_sent = getattr(ucall, "_metadata_sent", None)
+    if cython_call is None or metadata_sent is None or _CoreInternalError is None:
+        await ucall.write(raw)
+        return True
+    if ucall.done():
+        return False
+    if not metadata_sent.is_set():
+        await metadata_sent.wait()
+        if ucall.done():
+            return False
+    try:
+        await cython_call.send_serialized_message(raw)
+    except _CoreInternalError:
+        return False
+    return True
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

@@ -1,0 +1,228 @@
+"""`plugproxy serve`: wire the registry, upstream, stages, forwarder and admin server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from plugproxy import __version__, admin, pipeline, transport
+from plugproxy.api import Runtime, Stage, UpstreamState
+from plugproxy.endpoints import ConfigError, Endpoint, parse_endpoint
+from plugproxy.log import LEVELS, Logger
+from plugproxy.options import OneLineParser, Option, add_options, byte_size, duration, octal_mode
+from plugproxy.proxy import Proxy
+from plugproxy.registry import SPEC_NAMES, Registry
+from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
+from plugproxy.upstream import Upstream
+
+CORE_OPTIONS: list[Option] = [
+    Option("--listen", "where COs connect: unix:///path, tcp://host:port or tls://host:port"),
+    Option("--upstream", "the plugin: unix:///path, tcp://host:port or tls://host:port"),
+    Option(
+        "--spec",
+        "which spec to decode calls with; auto picks by each method's package",
+        default="auto",
+        choices=("auto", *SPEC_NAMES),
+    ),
+    Option(
+        "--max-message-bytes",
+        "largest message accepted in either direction (e.g. 16MiB)",
+        default=16 * 1024 * 1024,
+        type=byte_size,
+        metavar="SIZE",
+    ),
+    Option(
+        "--socket-mode",
+        "file mode of the UNIX listen socket",
+        default=0o660,
+        type=octal_mode,
+        metavar="MODE",
+    ),
+    Option(
+        "--shutdown-grace",
+        "on SIGTERM/SIGINT, how long calls in flight may take to finish",
+        default=30.0,
+        type=duration,
+        metavar="DURATION",
+    ),
+    Option(
+        "--max-concurrent-calls",
+        "calls in flight beyond this get RESOURCE_EXHAUSTED instead of exhausting memory",
+        default=10000,
+        type=int,
+        metavar="N",
+    ),
+    Option(
+        "--admin-listen",
+        "admin HTTP server for /healthz, /readyz, /metrics (HOST:PORT or off)",
+        default="127.0.0.1:9808",
+        metavar="HOST:PORT",
+    ),
+    Option("--log-format", "log line format", default="json", choices=("json", "text")),
+    Option("--log-level", "lowest level logged", default="info", choices=tuple(LEVELS)),
+]
+
+
+def all_options() -> list[Option]:
+    return [*CORE_OPTIONS, *transport.OPTIONS, *pipeline.stage_options()]
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Parse `serve` arguments on their own (tests and the demo build proxies this way)."""
+    parser = OneLineParser(prog="plugproxy serve")
+    add_options(parser, all_options(), environ)
+    return parser.parse_args(list(argv))
+
+
+@dataclass
+class Settings:
+    """Checked settings; building this is where misconfiguration fails fast."""
+
+    listen: Endpoint
+    upstream: Endpoint
+    specs: tuple[str, ...]
+    admin: tuple[str, int] | None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def check_settings(ns: argparse.Namespace) -> Settings:
+    if not ns.listen:
+        raise ConfigError("--listen is required (or PLUGPROXY_LISTEN)")
+    if not ns.upstream:
+        raise ConfigError("--upstream is required (or PLUGPROXY_UPSTREAM)")
+    listen = parse_endpoint(ns.listen, "--listen")
+    upstream = parse_endpoint(ns.upstream, "--upstream")
+    if listen.is_unix and upstream.is_unix and listen.path == upstream.path:
+        raise ConfigError(f"--listen and --upstream are the same socket {listen.path}")
+    if ns.max_concurrent_calls <= 0:
+        raise ConfigError("--max-concurrent-calls must be positive")
+    transport.check(ns, listen, upstream)
+    specs = SPEC_NAMES if ns.spec == "auto" else (ns.spec,)
+    return Settings(listen, upstream, specs, admin.parse_admin_listen(ns.admin_listen))
+
+
+class ProxyServer:
+    """One running proxy: usable in-process (tests, demo) and by `plugproxy serve`."""
+
+    def __init__(
+        self,
+        ns: argparse.Namespace,
+        logger: Logger | None = None,
+        stages: list[Stage] | None = None,
+    ) -> None:
+        self.ns = ns
+        self.settings = check_settings(ns)
+        self.logger = logger or Logger(fmt=ns.log_format, level=ns.log_level)
+        self.registry = Registry(self.settings.specs)
+        self.upstream = Upstream(
+            self.settings.upstream,
+            self.logger,
+            ns.max_message_bytes,
+            credentials=transport.channel_credentials(ns, self.settings.upstream),
+            extra_options=transport.channel_options(ns, self.settings.upstream),
+        )
+        self.metrics = CollectorRegistry()
+        self.runtime = Runtime(
+            registry=self.registry, upstream=self.upstream, logger=self.logger, metrics=self.metrics
+        )
+        self.runtime.readiness_checks.append(self._upstream_ready)
+        # `stages` replaces the configured pipeline (embedding and tests of the seam itself).
+        self.stages: list[Stage] = (
+            stages if stages is not None else pipeline.build_stages(ns, self.runtime)
+        )
+        self.proxy = Proxy(self.registry, self.upstream, self.stages, self.logger)
+        self.server: grpc.aio.Server | None = None
+        self.admin: admin.AdminServer | None = None
+        self.port = 0
+
+    def _upstream_ready(self) -> tuple[bool, str]:
+        if self.upstream.state is UpstreamState.UP:
+            return True, "upstream ready"
+        return False, f"upstream {self.upstream.address}: {self.upstream.reason}"
+
+    async def start(self) -> None:
+        listen = self.settings.listen
+        if listen.is_unix:
+            prepare_listen_path(listen.path)
+        size = self.ns.max_message_bytes
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", size),
+                ("grpc.max_send_message_length", size),
+                ("grpc.so_reuseport", 0),  # a second proxy on the same port must fail, not share
+            ],
+            maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
+        )
+        self.server.add_generic_rpc_handlers([self.proxy])
+        self.port = transport.add_listen_port(self.server, self.ns, listen)
+        await self.server.start()
+        if listen.is_unix:
+            restrict_socket(listen.path, self.ns.socket_mode)
+        self.upstream.start()
+        routes = self.runtime.admin_routes
+        routes.setdefault("/healthz", admin.healthz)
+        routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
+        routes.setdefault("/metrics", admin.metrics(self.metrics))
+        if self.settings.admin is not None:
+            host, port = self.settings.admin
+            self.admin = admin.AdminServer(host, port, routes, self.logger)
+            self.admin.start()
+        for stage in self.stages:
+            await stage.startup()
+        self.logger.info(
+            "plugproxy listening",
+            version=__version__,
+            listen=listen.url,
+            upstream=self.upstream.address,
+            stages=[s.name for s in self.stages],
+            admin=f"{self.settings.admin[0]}:{self.admin.port}"
+            if self.admin and self.settings.admin
+            else "off",
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        grace = self.ns.shutdown_grace if grace is None else grace
+        if self.server is not None:
+            await self.server.stop(grace)
+        for stage in reversed(self.stages):
+            with contextlib.suppress(Exception):
+                await stage.shutdown()
+        if self.admin is not None:
+            self.admin.stop()
+        await self.upstream.close()
+        if self.settings.listen.is_unix:
+            remove_socket(self.settings.listen.path)
+
+
+async def run(ns: argparse.Namespace) -> int:
+    server = ProxyServer(ns)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    received: list[str] = []
+
+    def on_signal(name: str) -> Callable[[], None]:
+        def handler() -> None:
+            received.append(name)
+            stop.set()
+
+        return handler
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal(sig.name))
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop(0)
+        raise
+    await stop.wait()
+    server.logger.info("shutting down", signal=received[0], grace_seconds=ns.shutdown_grace)
+    await server.stop()
+    server.logger.info("stopped")
+    return 0

@@ -1,0 +1,175 @@
+"""Real gRPC peers for the tests: a raw-bytes recorder plugin and an in-process proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from plugproxy import serve
+
+ECHO = "/test.Echo/"
+
+
+@dataclass
+class Seen:
+    method: str
+    metadata: dict[str, Any]
+    time_remaining: float | None
+    requests: list[bytes] = field(default_factory=list)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RecorderPlugin(grpc.GenericRpcHandler):
+    """Answers /test.Echo/* (and any path in `raw`) with raw bytes and records what it saw.
+
+    Request metadata steers it: x-fail-code / x-fail-message / x-fail-details-bin make it
+    fail; it always sends initial metadata x-initial and trailer x-trailer.
+    """
+
+    def __init__(self) -> None:
+        self.seen: list[Seen] = []
+        self.raw: dict[str, Callable[[bytes], bytes]] = {}
+
+    def last(self) -> Seen:
+        return self.seen[-1]
+
+    def _record(self, method: str, context: Any) -> Seen:
+        md = dict(context.invocation_metadata() or ())
+        seen = Seen(method, md, context.time_remaining())
+        self.seen.append(seen)
+        return seen
+
+    async def _headers(self, context: Any) -> None:
+        await context.send_initial_metadata((("x-initial", "hello"), ("x-initial-bin", b"\x00\x01")))
+
+    async def _maybe_fail(self, seen: Seen, context: Any) -> None:
+        code = seen.metadata.get("x-fail-code")
+        if code:
+            trailing: list[tuple[str, Any]] = [("x-trailer", "error-trailer")]
+            details = seen.metadata.get("x-fail-details-bin")
+            if details:
+                trailing.append(("grpc-status-details-bin", details))
+            await context.abort(
+                getattr(grpc.StatusCode, code), seen.metadata.get("x-fail-message", ""), tuple(trailing)
+            )
+
+    def service(self, details: Any) -> grpc.RpcMethodHandler | None:
+        path = details.method
+        if path in self.raw:
+            fn = self.raw[path]
+
+            async def raw_unary(request: bytes, context: Any) -> bytes:
+                seen = self._record(path, context)
+                seen.requests.append(request)
+                await self._headers(context)
+                context.set_trailing_metadata((("x-trailer", "bye"),))
+                return fn(request)
+
+            return grpc.unary_unary_rpc_method_handler(raw_unary)
+        name = path.removeprefix(ECHO)
+        if name == "Unary":
+            return grpc.unary_unary_rpc_method_handler(self._unary)
+        if name == "ServerStream":
+            return grpc.unary_stream_rpc_method_handler(self._server_stream)
+        if name == "ClientStream":
+            return grpc.stream_unary_rpc_method_handler(self._client_stream)
+        if name == "Bidi":
+            return grpc.stream_stream_rpc_method_handler(self._bidi)
+        if name == "Hang":
+            return grpc.unary_unary_rpc_method_handler(self._hang)
+        if name == "Slow":
+            return grpc.unary_unary_rpc_method_handler(self._slow)
+        return None
+
+    async def _unary(self, request: bytes, context: Any) -> bytes:
+        seen = self._record(ECHO + "Unary", context)
+        seen.requests.append(request)
+        await self._headers(context)
+        await self._maybe_fail(seen, context)
+        context.set_trailing_metadata((("x-trailer", "bye"), ("x-trailer-bin", b"\xff\x00")))
+        return b"echo:" + request
+
+    async def _server_stream(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        seen = self._record(ECHO + "ServerStream", context)
+        await self._headers(context)
+        for i in range(int(request or b"3")):
+            yield b"item-%d" % i
+        await self._maybe_fail(seen, context)
+        context.set_trailing_metadata((("x-trailer", "bye"),))
+
+    async def _client_stream(self, requests: AsyncIterator[bytes], context: Any) -> bytes:
+        seen = self._record(ECHO + "ClientStream", context)
+        await self._headers(context)
+        async for req in requests:
+            seen.requests.append(req)
+        await self._maybe_fail(seen, context)
+        context.set_trailing_metadata((("x-trailer", "bye"),))
+        return b"|".join(seen.requests)
+
+    async def _bidi(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        seen = self._record(ECHO + "Bidi", context)
+        await self._headers(context)
+        async for req in requests:
+            seen.requests.append(req)
+            if req == b"fail":
+                await self._maybe_fail(seen, context)
+            yield b"re:" + req
+        context.set_trailing_metadata((("x-trailer", "bye"),))
+
+    async def _slow(self, request: bytes, context: Any) -> bytes:
+        self._record(ECHO + "Slow", context)
+        await asyncio.sleep(float(request or b"1"))
+        return b"slow-done"
+
+    async def _hang(self, request: bytes, context: Any) -> bytes:
+        seen = self._record(ECHO + "Hang", context)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            seen.cancelled.set()
+            raise
+        return b""
+
+
+async def start_recorder(path: str) -> tuple[grpc.aio.Server, RecorderPlugin]:
+    plugin = RecorderPlugin()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([plugin])
+    server.add_insecure_port(f"unix:{path}")
+    await server.start()
+    return server, plugin
+
+
+async def start_proxy(
+    listen: str, upstream: str, *args: str, stages: list[Any] | None = None
+) -> serve.ProxyServer:
+    argv = ["--listen", f"unix://{listen}", "--upstream", f"unix://{upstream}"]
+    if "--admin-listen" not in args:
+        argv += ["--admin-listen", "off"]
+    ns = serve.parse_args([*argv, *args], environ={})
+    proxy = serve.ProxyServer(ns, stages=stages)
+    await proxy.start()
+    return proxy
+
+
+@contextlib.asynccontextmanager
+async def channel(path: str) -> AsyncIterator[grpc.aio.Channel]:
+    ch = grpc.aio.insecure_channel(f"unix:{path}")
+    try:
+        yield ch
+    finally:
+        await ch.close()
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

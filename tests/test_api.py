@@ -1,0 +1,47 @@
+"""Public types: lazy decoding at most once, call kinds from descriptors."""
+
+from __future__ import annotations
+
+from plugproxy.api import CallKind, LazyMessage
+from plugproxy.registry import load_spec
+
+CSI = load_spec("csi.v1")
+
+
+class CountingDecoder:
+    """Wraps a message class and counts how often bytes are parsed."""
+
+    parsed = 0
+    DESCRIPTOR = CSI.message_class("csi.v1.CreateVolumeRequest").DESCRIPTOR
+
+    @classmethod
+    def FromString(cls, raw: bytes):  # noqa: N802 - protobuf's name
+        cls.parsed += 1
+        return CSI.message_class("csi.v1.CreateVolumeRequest").FromString(raw)
+
+
+def test_lazy_message_decodes_once_and_only_when_asked():
+    raw = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-1").SerializeToString()
+    lazy = LazyMessage(raw, CountingDecoder)  # type: ignore[arg-type]
+    assert CountingDecoder.parsed == 0
+    assert lazy.message.name == "pvc-1"
+    assert lazy.message is lazy.message
+    assert lazy.decode_error is None
+    assert CountingDecoder.parsed == 1
+
+
+def test_malformed_bytes_give_a_decode_error_not_an_exception():
+    lazy = LazyMessage(b"\x0a\xff\xff\xff", CSI.message_class("csi.v1.CreateVolumeRequest"))
+    assert lazy.message is None
+    assert lazy.decode_error is not None
+    assert "cannot decode csi.v1.CreateVolumeRequest" in lazy.decode_error
+
+
+def test_unknown_type_is_never_decoded():
+    lazy = LazyMessage(b"anything", None)
+    assert lazy.message is None and lazy.decode_error is None
+
+
+def test_call_kind_properties():
+    assert CallKind.UNARY_STREAM.unary_request and not CallKind.UNARY_STREAM.unary_response
+    assert CallKind.STREAM_UNARY.unary_response and not CallKind.STREAM_UNARY.unary_request

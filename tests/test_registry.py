@@ -1,0 +1,90 @@
+"""Descriptor pools per spec, the method registry, and our protos against the reference wire format."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from google.protobuf import descriptor_pb2
+
+from plugproxy.api import CallKind
+from plugproxy.registry import SPEC_NAMES, Registry, load_spec
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "specs"
+REFERENCE = {
+    "csi_v1": SHARED / "csi" / "csi-v1.12.0.proto",
+    "csi_v0": SHARED / "csi" / "csi-v0.3.0.proto",
+    "cosi_v1alpha1": SHARED / "cosi" / "cosi-v1alpha1.proto",
+    "cmi_v1": SHARED / "cmi" / "cmi-v1.proto",
+}
+
+
+def test_every_spec_loads_into_its_own_pool():
+    pools = {load_spec(name).pool for name in SPEC_NAMES}
+    assert len(pools) == len(SPEC_NAMES)
+
+
+def test_csi_and_cmi_secret_share_number_1059_and_both_resolve():
+    csi, cmi = load_spec("csi.v1"), load_spec("cmi.v1")
+    assert csi.secret_option is not None and cmi.secret_option is not None
+    assert csi.secret_option.number == cmi.secret_option.number == 1059
+    assert csi.secret_option.full_name == "csi.v1.csi_secret"
+    assert cmi.secret_option.full_name == "cmi.v1.cmi_secret"
+    secrets = csi.descriptor("csi.v1.NodeStageVolumeRequest").fields_by_name["secrets"]
+    assert csi.is_secret_field(secrets)
+    assert not csi.is_secret_field(
+        csi.descriptor("csi.v1.NodeStageVolumeRequest").fields_by_name["volume_id"]
+    )
+    machine = cmi.descriptor("cmi.v1.CreateMachineRequest")
+    assert cmi.is_secret_field(machine.fields_by_name["Secrets"])
+    assert load_spec("csi.v0").secret_option is None
+
+
+def test_registry_maps_paths_to_spec_types_and_kinds():
+    reg = Registry()
+    info = reg.lookup("/csi.v1.Controller/CreateVolume")
+    assert info.spec_name == "csi.v1"
+    assert info.kind is CallKind.UNARY_UNARY
+    assert info.request_class.DESCRIPTOR.full_name == "csi.v1.CreateVolumeRequest"
+    assert info.response_class.DESCRIPTOR.full_name == "csi.v1.CreateVolumeResponse"
+    for name in ("GetMetadataAllocated", "GetMetadataDelta"):
+        assert reg.lookup(f"/csi.v1.SnapshotMetadata/{name}").kind is CallKind.UNARY_STREAM
+    assert reg.lookup("/csi.v0.Node/NodeGetId").spec_name == "csi.v0"
+    assert reg.lookup("/cosi.v1alpha1.Provisioner/DriverCreateBucket").spec_name == "cosi.v1alpha1"
+    assert reg.lookup("/cmi.v1.Machine/CreateMachine").spec_name == "cmi.v1"
+    assert len(reg.methods("csi.v1")) == 32
+    only_v0 = Registry(["csi.v0"])
+    assert not only_v0.lookup("/csi.v1.Controller/CreateVolume").known
+
+
+def _normalized(path: pathlib.Path, include: list[str]) -> descriptor_pb2.FileDescriptorProto:
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    out = path.with_suffix(".binpb")
+    args = ["protoc", *(f"-I{i}" for i in include), f"--descriptor_set_out={out}", str(path)]
+    assert protoc.main(args) == 0
+    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    fdp = fds.file[0]
+    fdp.ClearField("name")
+    fdp.ClearField("source_code_info")
+    return fdp
+
+
+@pytest.mark.parametrize("stem", sorted(REFERENCE))
+def test_transcribed_protos_match_the_reference_wire_format(stem, tmp_path):
+    """Names, numbers, types and options equal the spec's own .proto (comments aside)."""
+    reference = REFERENCE[stem]
+    if not reference.exists():
+        pytest.skip("reference specs not present beside the checkout")
+    import grpc_tools
+
+    include = str(pathlib.Path(grpc_tools.__file__).parent / "_proto")
+    ours_copy = tmp_path / "ours" / f"{stem}.proto"
+    ref_copy = tmp_path / "ref" / f"{stem}.proto"
+    ours_copy.parent.mkdir()
+    ref_copy.parent.mkdir()
+    ours_copy.write_text((ROOT / "protos" / f"{stem}.proto").read_text())
+    ref_copy.write_text(reference.read_text())
+    ours = _normalized(ours_copy, [str(ours_copy.parent), include])
+    ref = _normalized(ref_copy, [str(ref_copy.parent), include])
+    assert ours == ref

@@ -1,0 +1,81 @@
+"""The listen socket: stale replaced, live refused, symlinks refused, mode, removal."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from plugproxy.endpoints import ConfigError
+from plugproxy.sockets import prepare_listen_path, socket_answers
+from tests.support import start_proxy
+
+
+def _stale_socket(path: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.close()  # file stays, nobody listens
+
+
+def test_stale_socket_is_replaced(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    _stale_socket(path)
+    assert os.path.exists(path) and not socket_answers(path)
+    prepare_listen_path(path)
+    assert not os.path.exists(path)
+
+
+def test_live_socket_is_refused(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(path)
+    live.listen(1)
+    try:
+        with pytest.raises(ConfigError, match="already listening"):
+            prepare_listen_path(path)
+        assert os.path.exists(path)
+    finally:
+        live.close()
+
+
+def test_symlink_and_regular_file_are_refused(tmp_path):
+    target = tmp_path / "elsewhere.sock"
+    _stale_socket(str(target))
+    link = tmp_path / "csi.sock"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match="symlink"):
+        prepare_listen_path(str(link))
+    plain = tmp_path / "file"
+    plain.write_text("data")
+    with pytest.raises(ConfigError, match="not a socket"):
+        prepare_listen_path(str(plain))
+    assert plain.read_text() == "data"
+
+
+def test_missing_directory_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        prepare_listen_path(str(tmp_path / "nope" / "csi.sock"))
+
+
+async def test_socket_mode_and_removal_on_shutdown(tmp_path):
+    listen = str(tmp_path / "proxy.sock")
+    proxy = await start_proxy(listen, str(tmp_path / "plugin.sock"))
+    assert stat.S_IMODE(os.stat(listen).st_mode) == 0o660
+    await proxy.stop(0)
+    assert not os.path.exists(listen)
+    proxy = await start_proxy(listen, str(tmp_path / "plugin.sock"), "--socket-mode", "0600")
+    assert stat.S_IMODE(os.stat(listen).st_mode) == 0o600
+    await proxy.stop(0)
+
+
+async def test_second_proxy_on_a_live_socket_refuses(tmp_path):
+    listen = str(tmp_path / "proxy.sock")
+    first = await start_proxy(listen, str(tmp_path / "plugin.sock"))
+    try:
+        with pytest.raises(ConfigError, match="already listening"):
+            await start_proxy(listen, str(tmp_path / "plugin.sock"))
+        assert socket_answers(listen)
+    finally:
+        await first.stop(0)
