@@ -7,15 +7,13 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from plugproxy import __version__
+from plugproxy import __version__, demo, serve
+from plugproxy.fakes import cli as fake_cli
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import OneLineParser, add_options
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from plugproxy import demo, serve
-    from plugproxy.fakes import cli as fake_cli
-
     parser = OneLineParser(prog="plugproxy", description="Spec-aware sidecar for CSI/COSI/CMI.")
     parser.add_argument("--version", action="version", version=f"plugproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)

@@ -57,7 +57,7 @@ def _parse_bool(raw: str, env: str) -> bool:
 def _convert(opt: Option, raw: str) -> Any:
     try:
         value = opt.type(raw)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
         raise ConfigError(f"{opt.env}={raw!r}: {exc}") from None
     if opt.choices is not None and value not in opt.choices:
         raise ConfigError(f"{opt.env}={raw!r}: expected one of {', '.join(opt.choices)}")
@@ -134,9 +134,9 @@ def byte_size(raw: str) -> int:
     try:
         value = int(float(text) * factor)
     except ValueError:
-        raise ValueError(f"not a size: {raw!r} (e.g. 4194304, 16MiB)") from None
+        raise argparse.ArgumentTypeError(f"not a size: {raw!r} (e.g. 4194304, 16MiB)") from None
     if value <= 0:
-        raise ValueError(f"size must be positive: {raw!r}")
+        raise argparse.ArgumentTypeError(f"size must be positive: {raw!r}")
     return value
 
 
@@ -152,9 +152,9 @@ def duration(raw: str) -> float:
     try:
         value = float(text) * factor
     except ValueError:
-        raise ValueError(f"not a duration: {raw!r} (e.g. 30s, 500ms, 1h)") from None
+        raise argparse.ArgumentTypeError(f"not a duration: {raw!r} (e.g. 30s, 500ms, 1h)") from None
     if value < 0:
-        raise ValueError(f"duration must not be negative: {raw!r}")
+        raise argparse.ArgumentTypeError(f"duration must not be negative: {raw!r}")
     return value
 
 
@@ -162,7 +162,7 @@ def octal_mode(raw: str) -> int:
     try:
         value = int(raw, 8)
     except ValueError:
-        raise ValueError(f"not an octal file mode: {raw!r} (e.g. 0660)") from None
+        raise argparse.ArgumentTypeError(f"not an octal file mode: {raw!r} (e.g. 0660)") from None
     if not 0 <= value <= 0o777:
-        raise ValueError(f"file mode out of range: {raw!r}")
+        raise argparse.ArgumentTypeError(f"file mode out of range: {raw!r}")
     return value

@@ -27,9 +27,10 @@ import grpc
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage
 from plugproxy.log import Logger
 from plugproxy.options import Option
+from plugproxy.stages import calllog, metrics, serialize, tracing, validate
 
 # The stage modules in pipeline order. Each defines OPTIONS and build(ns, runtime).
-STAGE_MODULES: tuple[ModuleType, ...] = ()
+STAGE_MODULES: tuple[ModuleType, ...] = (tracing, metrics, calllog, validate, serialize)
 
 
 def stage_options() -> list[Option]:

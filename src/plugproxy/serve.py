@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 from prometheus_client import CollectorRegistry
 
-from plugproxy import __version__, admin, pipeline, transport
+from plugproxy import __version__, admin, pipeline, readiness, transport
 from plugproxy.api import Runtime, Stage, UpstreamState
 from plugproxy.endpoints import ConfigError, Endpoint, parse_endpoint
 from plugproxy.log import LEVELS, Logger
@@ -20,6 +20,7 @@ from plugproxy.options import OneLineParser, Option, add_options, byte_size, dur
 from plugproxy.proxy import Proxy
 from plugproxy.registry import SPEC_NAMES, Registry
 from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
+from plugproxy.stages.metrics import register_process_metrics
 from plugproxy.upstream import Upstream
 
 CORE_OPTIONS: list[Option] = [
@@ -71,7 +72,7 @@ CORE_OPTIONS: list[Option] = [
 
 
 def all_options() -> list[Option]:
-    return [*CORE_OPTIONS, *transport.OPTIONS, *pipeline.stage_options()]
+    return [*CORE_OPTIONS, *transport.OPTIONS, *readiness.OPTIONS, *pipeline.stage_options()]
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
@@ -121,18 +122,22 @@ class ProxyServer:
         self.settings = check_settings(ns)
         self.logger = logger or Logger(fmt=ns.log_format, level=ns.log_level)
         self.registry = Registry(self.settings.specs)
+        self.transport = transport.Transport(
+            ns, self.settings.listen, self.settings.upstream, self.logger
+        )
         self.upstream = Upstream(
             self.settings.upstream,
             self.logger,
             ns.max_message_bytes,
-            credentials=transport.channel_credentials(ns, self.settings.upstream),
-            extra_options=transport.channel_options(ns, self.settings.upstream),
+            extra_options=self.transport.channel_options(),
+            channel_factory=self.transport.make_channel,
         )
         self.metrics = CollectorRegistry()
         self.runtime = Runtime(
             registry=self.registry, upstream=self.upstream, logger=self.logger, metrics=self.metrics
         )
         self.runtime.readiness_checks.append(self._upstream_ready)
+        register_process_metrics(self.metrics, self.upstream)
         # `stages` replaces the configured pipeline (embedding and tests of the seam itself).
         self.stages: list[Stage] = (
             stages if stages is not None else pipeline.build_stages(ns, self.runtime)
@@ -157,15 +162,23 @@ class ProxyServer:
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),
                 ("grpc.so_reuseport", 0),  # a second proxy on the same port must fail, not share
+                *self.transport.server_options(),
             ],
+            interceptors=self.transport.server_interceptors(),
             maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
         )
         self.server.add_generic_rpc_handlers([self.proxy])
-        self.port = transport.add_listen_port(self.server, self.ns, listen)
+        self.port = self.transport.add_listen_port(self.server)
         await self.server.start()
+        self.transport.start()
         if listen.is_unix:
             restrict_socket(listen.path, self.ns.socket_mode)
         self.upstream.start()
+        probe = readiness.from_namespace(
+            self.ns, self.upstream, self.registry.specs, asyncio.get_running_loop()
+        )
+        if probe is not None:
+            self.runtime.readiness_checks.append(probe.check)
         routes = self.runtime.admin_routes
         routes.setdefault("/healthz", admin.healthz)
         routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
@@ -191,6 +204,7 @@ class ProxyServer:
         grace = self.ns.shutdown_grace if grace is None else grace
         if self.server is not None:
             await self.server.stop(grace)
+        await self.transport.stop()
         for stage in reversed(self.stages):
             with contextlib.suppress(Exception):
                 await stage.shutdown()

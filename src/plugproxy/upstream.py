@@ -50,11 +50,15 @@ class Upstream:
         max_message_bytes: int,
         credentials: grpc.ChannelCredentials | None = None,
         extra_options: Sequence[tuple[str, Any]] = (),
+        channel_factory: Callable[[str, Sequence[tuple[str, Any]]], Any] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._logger = logger
         options = channel_options(endpoint, max_message_bytes, extra_options)
-        if credentials is not None:
+        if channel_factory is not None:
+            # The transport builds the channel (e.g. one that follows rotated certificates).
+            self.channel = channel_factory(endpoint.grpc_target, options)
+        elif credentials is not None:
             self.channel = grpc.aio.secure_channel(endpoint.grpc_target, credentials, options)
         else:
             self.channel = grpc.aio.insecure_channel(endpoint.grpc_target, options)

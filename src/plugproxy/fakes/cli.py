@@ -1,0 +1,120 @@
+"""``plugproxy fake-plugin``: serve a fake plugin until SIGTERM or SIGINT.
+
+The main CLI adds these options to its sub-command parser and awaits :func:`run`; bad
+values raise :class:`~plugproxy.endpoints.ConfigError`, which it prints as one line before
+exiting with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from plugproxy.endpoints import ConfigError
+from plugproxy.fakes.knobs import knobs_from_flags
+from plugproxy.fakes.misbehave import catalogue
+from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    specs = "|".join(FAKE_SPECS)
+    parser.add_argument(
+        "--spec", dest="fake_spec", metavar=specs, help="which spec the fake plugin serves"
+    )
+    parser.add_argument(
+        "--listen",
+        dest="fake_listen",
+        metavar="URL",
+        help="unix:///path/to.sock (a stale socket is replaced) or tcp://host:port",
+    )
+    parser.add_argument(
+        "--delay",
+        dest="fake_delay",
+        action="append",
+        default=[],
+        metavar="METHOD=SECONDS",
+        help="sleep before answering METHOD ('*' for all); repeatable",
+    )
+    parser.add_argument(
+        "--fail",
+        dest="fake_fail",
+        action="append",
+        default=[],
+        metavar="METHOD=CODE[:COUNT]",
+        help="answer METHOD with a gRPC status code (name or number), for the next COUNT"
+        " calls or always; repeatable",
+    )
+    parser.add_argument(
+        "--misbehave",
+        dest="fake_misbehave",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="commit a named spec breach on purpose (see --list-misbehaviours); repeatable",
+    )
+    parser.add_argument(
+        "--plugin-name",
+        dest="fake_plugin_name",
+        metavar="NAME",
+        help="name reported by GetPluginInfo / DriverGetInfo",
+    )
+    parser.add_argument(
+        "--list-misbehaviours",
+        dest="fake_list_misbehaviours",
+        action="store_true",
+        help="print the misbehaviour catalogue (for --spec, if given) and exit",
+    )
+
+
+def _print_catalogue(spec: str | None) -> None:
+    for entry in catalogue(spec):
+        specs = ",".join(sorted(entry.specs))
+        print(f"{entry.name}  [{specs}]\n    {entry.description}\n    breaks: {entry.section}")
+
+
+async def run(ns: argparse.Namespace) -> int:
+    spec: str | None = ns.fake_spec
+    if spec is not None and spec not in FAKE_SPECS:
+        raise ConfigError(f"--spec {spec!r}: choose one of {', '.join(FAKE_SPECS)}")
+    if ns.fake_list_misbehaviours:
+        _print_catalogue(spec)
+        return 0
+    if spec is None:
+        raise ConfigError(f"--spec is required: one of {', '.join(FAKE_SPECS)}")
+    if not ns.fake_listen:
+        raise ConfigError("--listen is required, e.g. unix:///run/fake.sock")
+    knobs = knobs_from_flags(
+        spec, ns.fake_delay, ns.fake_fail, ns.fake_misbehave, ns.fake_plugin_name
+    )
+    handle = await start_fake_plugin(spec, ns.fake_listen, knobs)
+    print(f"fake {spec} plugin listening on {handle.url}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        await handle.stop(grace=1.0)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m plugproxy.fakes.cli --spec ... --listen ...``."""
+    parser = argparse.ArgumentParser(prog="plugproxy fake-plugin", description=__doc__)
+    add_arguments(parser)
+    ns = parser.parse_args(argv)
+    try:
+        return asyncio.run(run(ns))
+    except ConfigError as exc:
+        print(f"plugproxy fake-plugin: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

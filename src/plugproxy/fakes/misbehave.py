@@ -1,0 +1,494 @@
+"""Catalogue of deliberate spec breaches a fake plugin can commit (``--misbehave NAME``).
+
+Each entry is data: the specs it applies to, the spec section it breaks, a description,
+and small hook functions keyed by RPC name. Request hooks run before the plugin method
+(they may raise, or bend the request the plugin sees); response hooks edit a successful
+response in place; an error hook reshapes every error the plugin returns. The plugin's own
+logic stays correct: a breach only exists while its entry is enabled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from plugproxy.endpoints import ConfigError
+from plugproxy.fakes.common import (
+    DynMessage,
+    FakeError,
+    enum_name,
+    enum_number,
+    has_descriptor_field,
+)
+from plugproxy.fakes.csi_model import NODE_TOPOLOGY
+
+if TYPE_CHECKING:
+    from plugproxy.api import MethodInfo
+    from plugproxy.fakes.base import FakePlugin
+
+CSI = frozenset({"csi.v1", "csi.v0"})
+CSI_V1 = frozenset({"csi.v1"})
+COSI = frozenset({"cosi.v1alpha1"})
+CMI = frozenset({"cmi.v1"})
+ALL = CSI | COSI | CMI
+
+
+@dataclass
+class HookContext:
+    plugin: FakePlugin
+    method: MethodInfo
+    state: dict[str, Any]  # private to one misbehaviour of one plugin instance
+
+
+RequestHook = Callable[[HookContext, DynMessage], None]
+ResponseHook = Callable[[HookContext, DynMessage, DynMessage], None]
+ErrorHook = Callable[[HookContext, FakeError], FakeError]
+
+
+@dataclass(frozen=True)
+class Misbehaviour:
+    name: str
+    specs: frozenset[str]
+    section: str
+    description: str
+    requests: Mapping[str, RequestHook] = field(default_factory=dict)
+    responses: Mapping[str, ResponseHook] = field(default_factory=dict)
+    error: ErrorHook | None = None
+
+
+# -- small field helpers (csi.v0 and csi.v1 name some fields differently) -------------------
+
+
+def _volume_id_field(volume: DynMessage) -> str:
+    return "volume_id" if has_descriptor_field(volume, "volume_id") else "id"
+
+
+def _version_field(info: DynMessage) -> str:
+    return "vendor_version" if has_descriptor_field(info, "vendor_version") else "version"
+
+
+def _drop_capabilities(response: DynMessage, unwanted: set[str]) -> None:
+    """Remove capability entries whose inner type enum is named in ``unwanted``."""
+    keep = []
+    for cap in response.capabilities:
+        kind = cap.WhichOneof("type")
+        inner = getattr(cap, kind) if kind else None
+        if inner is not None and enum_name(inner, "type") in unwanted:
+            continue
+        keep.append(cap)
+    del response.capabilities[:]
+    response.capabilities.extend(keep)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def status_details_bytes(code: grpc.StatusCode, message: str) -> bytes:
+    """Wire form of a google.rpc.Status carrying one Any(StringValue) detail.
+
+    Encoded by hand: google.rpc is not among plugproxy's dependencies and the fake only
+    needs a well-formed, non-empty ``grpc-status-details-bin`` value.
+    """
+    detail = _len_field(1, b"deliberate status detail from the fake plugin")
+    any_msg = _len_field(1, b"type.googleapis.com/google.protobuf.StringValue") + _len_field(
+        2, detail
+    )
+    return (
+        _varint(1 << 3)
+        + _varint(code.value[0])
+        + _len_field(2, message.encode())
+        + _len_field(3, any_msg)
+    )
+
+
+# -- hooks ----------------------------------------------------------------------------------
+
+
+def _clear_volume_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    setattr(resp.volume, _volume_id_field(resp.volume), "")
+
+
+def _negative_capacity(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.volume.capacity_bytes = -1
+
+
+def _capacity_outside_range(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    cr = req.capacity_range
+    if cr.limit_bytes > 0:
+        resp.volume.capacity_bytes = cr.limit_bytes + 1024 * 1024
+    elif cr.required_bytes > 1:
+        resp.volume.capacity_bytes = cr.required_bytes - 1
+
+
+def _drop_content_source(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.volume.ClearField("content_source")
+
+
+def _new_id_on_retry(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    seen: dict[str, int] = ctx.state.setdefault("seen", {})
+    count = seen.get(req.name, 0)
+    seen[req.name] = count + 1
+    if count:
+        fname = _volume_id_field(resp.volume)
+        setattr(resp.volume, fname, f"{getattr(resp.volume, fname)}-again{count}")
+
+
+def _hide_topology_capability(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    _drop_capabilities(resp, {"VOLUME_ACCESSIBILITY_CONSTRAINTS", "ACCESSIBILITY_CONSTRAINTS"})
+
+
+def _ensure_topology(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    if not resp.volume.accessible_topology:
+        resp.volume.accessible_topology.add().segments.update(NODE_TOPOLOGY)
+
+
+def _bad_name(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.name = "-Fake_Plugin!"
+
+
+def _long_name(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.name = "a" * 56 + ".fake.plugproxy.io"
+
+
+def _empty_version(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    setattr(resp, _version_field(resp), "")
+
+
+def _long_version(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    setattr(resp, _version_field(resp), "1." + "0" * 150)
+
+
+def _long_bucket_string(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    kind = resp.bucket_info.WhichOneof("type") or "s3"
+    proto = getattr(resp.bucket_info, kind)
+    first = next(f.name for f in proto.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
+    setattr(proto, first, "r" * 200)
+
+
+def _empty_message(ctx: HookContext, err: FakeError) -> FakeError:
+    return FakeError(err.code, "", err.trailing)
+
+
+def _with_details(ctx: HookContext, err: FakeError) -> FakeError:
+    details = status_details_bytes(err.code, err.message)
+    return FakeError(err.code, err.message, (*err.trailing, ("grpc-status-details-bin", details)))
+
+
+def _unimplemented(ctx: HookContext, req: DynMessage) -> None:
+    raise FakeError(grpc.StatusCode.UNIMPLEMENTED, f"{ctx.method.name} is not implemented")
+
+
+def _ignore_max_entries(ctx: HookContext, req: DynMessage) -> None:
+    req.max_entries = 0
+
+
+def _confirm_unrequested(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    confirmed = resp.confirmed
+    extra = confirmed.volume_capabilities.add()
+    extra.block.SetInParent()
+    extra.access_mode.mode = enum_number(extra.access_mode, "mode", "MULTI_NODE_MULTI_WRITER")
+    confirmed.parameters["fake.plugproxy.io/unrequested"] = "true"
+    resp.message = ""
+
+
+def _other_source(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.snapshot.source_volume_id = f"{req.source_volume_id}-elsewhere"
+
+
+def _no_creation_time(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    if has_descriptor_field(resp.snapshot, "creation_time"):
+        resp.snapshot.ClearField("creation_time")
+    else:
+        resp.snapshot.created_at = 0
+
+
+def _no_node_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.node_id = ""
+
+
+def _negative_available(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.available_capacity = -1
+
+
+def _offset_zero(ctx: HookContext, req: DynMessage) -> None:
+    req.starting_offset = 0
+
+
+def _more_results(ctx: HookContext, req: DynMessage) -> None:
+    if req.max_results > 0:
+        req.max_results = req.max_results * 2 + 1
+
+
+def _empty_bucket_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.bucket_id = ""
+
+
+def _empty_account_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.account_id = ""
+
+
+def _no_credentials(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.credentials.clear()
+
+
+def _no_provider_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.ProviderID = ""
+
+
+def _no_node_name(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.NodeName = ""
+
+
+def _hide_create_machine(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    _drop_capabilities(resp, {"CREATE_MACHINE"})
+
+
+_INFO = ("GetPluginInfo", "DriverGetInfo")
+
+_ENTRIES = [
+    Misbehaviour(
+        "create-volume-no-id",
+        CSI,
+        "CSI v1.12 §CreateVolume (Volume.volume_id REQUIRED); CSI v0.3 §CreateVolume (Volume.id)",
+        "CreateVolume succeeds with an empty volume id.",
+        responses={"CreateVolume": _clear_volume_id},
+    ),
+    Misbehaviour(
+        "create-volume-negative-capacity",
+        CSI,
+        "CSI v1.12 §CreateVolume (Volume.capacity_bytes MUST NOT be negative)",
+        "CreateVolume reports capacity_bytes = -1.",
+        responses={"CreateVolume": _negative_capacity},
+    ),
+    Misbehaviour(
+        "create-volume-capacity-out-of-range",
+        CSI,
+        "CSI v1.12 §CreateVolume and §CapacityRange (the range MUST be honoured)",
+        "CreateVolume reports a capacity above limit_bytes (or, without a limit, below"
+        " required_bytes) whenever the request carries a capacity range.",
+        responses={"CreateVolume": _capacity_outside_range},
+    ),
+    Misbehaviour(
+        "create-volume-content-source-dropped",
+        CSI,
+        "CSI v1.12 §CreateVolume (Volume.content_source reports the pre-populated source)",
+        "CreateVolume from a snapshot or volume answers without content_source.",
+        responses={"CreateVolume": _drop_content_source},
+    ),
+    Misbehaviour(
+        "create-volume-not-idempotent",
+        CSI,
+        "CSI v1.12 §CreateVolume (MUST be idempotent: same name and arguments, same volume)",
+        "A repeated CreateVolume with the same name and arguments returns a different volume id.",
+        responses={"CreateVolume": _new_id_on_retry},
+    ),
+    Misbehaviour(
+        "topology-without-capability",
+        CSI,
+        "CSI v1.12 §CreateVolume (Volume.accessible_topology needs the"
+        " VOLUME_ACCESSIBILITY_CONSTRAINTS plugin capability) and §GetPluginCapabilities",
+        "GetPluginCapabilities stops advertising VOLUME_ACCESSIBILITY_CONSTRAINTS while"
+        " CreateVolume and NodeGetInfo keep returning accessible_topology.",
+        responses={
+            "GetPluginCapabilities": _hide_topology_capability,
+            "CreateVolume": _ensure_topology,
+        },
+    ),
+    Misbehaviour(
+        "plugin-name-invalid",
+        ALL,
+        "CSI v1.12 §GetPluginInfo, COSI §DriverGetInfo, CMI §GetPluginInfo (name in domain"
+        " name notation, alphanumeric at both ends)",
+        "The plugin name is '-Fake_Plugin!'.",
+        responses=dict.fromkeys(_INFO, _bad_name),
+    ),
+    Misbehaviour(
+        "plugin-name-too-long",
+        ALL,
+        "CSI v1.12 §GetPluginInfo, COSI §DriverGetInfo, CMI §GetPluginInfo (name 63"
+        " characters or less)",
+        "The plugin name is 74 characters long.",
+        responses=dict.fromkeys(_INFO, _long_name),
+    ),
+    Misbehaviour(
+        "vendor-version-empty",
+        CSI | CMI,
+        "CSI v1.12 §GetPluginInfo (vendor_version REQUIRED); CMI §GetPluginInfo (version)",
+        "GetPluginInfo answers with an empty vendor_version (CMI: version).",
+        responses={"GetPluginInfo": _empty_version},
+    ),
+    Misbehaviour(
+        "string-too-long",
+        ALL,
+        "CSI v1.12 §Size Limits, COSI §Size Limits, CMI §Size Limits (strings <= 128 bytes)",
+        "A response string exceeds 128 bytes: GetPluginInfo vendor_version/version (CSI, CMI),"
+        " the first string of DriverCreateBucket's bucket_info protocol (COSI).",
+        responses={"GetPluginInfo": _long_version, "DriverCreateBucket": _long_bucket_string},
+    ),
+    Misbehaviour(
+        "error-empty-message",
+        ALL,
+        "CSI v1.12 §Error Scheme, COSI §Error Scheme, CMI §Error Scheme (message MUST"
+        " describe a non-OK status)",
+        "Every error the plugin returns carries an empty status message.",
+        error=_empty_message,
+    ),
+    Misbehaviour(
+        "error-with-details",
+        ALL,
+        "CSI v1.12 §Error Scheme, COSI §Error Scheme, CMI §Error Scheme (status details MUST"
+        " be empty)",
+        "Every error the plugin returns carries grpc-status-details-bin (a google.rpc.Status"
+        " with one detail).",
+        error=_with_details,
+    ),
+    Misbehaviour(
+        "unimplemented-advertised",
+        ALL,
+        "CSI v1.12 §ListVolumes (MUST implement with LIST_VOLUMES), COSI §Provisioner"
+        " (DriverGrantBucketAccess), CMI §GetMachineStatus (MUST implement with"
+        " GET_MACHINE_STATUS)",
+        "An advertised RPC answers UNIMPLEMENTED: ListVolumes (CSI), DriverGrantBucketAccess"
+        " (COSI), GetMachineStatus (CMI).",
+        requests=dict.fromkeys(
+            ("ListVolumes", "DriverGrantBucketAccess", "GetMachineStatus"), _unimplemented
+        ),
+    ),
+    Misbehaviour(
+        "list-exceeds-max-entries",
+        CSI,
+        "CSI v1.12 §ListVolumes and §ListSnapshots (MUST NOT return more than max_entries)",
+        "ListVolumes and ListSnapshots ignore max_entries and return every entry.",
+        requests=dict.fromkeys(("ListVolumes", "ListSnapshots"), _ignore_max_entries),
+    ),
+    Misbehaviour(
+        "validate-confirms-unrequested",
+        CSI_V1,
+        "CSI v1.12 §ValidateVolumeCapabilities (confirmed reflects what was validated; the CO"
+        " compares it with its request)",
+        "ValidateVolumeCapabilities confirms an extra block/MULTI_NODE_MULTI_WRITER capability"
+        " and a parameter that were not requested.",
+        responses={"ValidateVolumeCapabilities": _confirm_unrequested},
+    ),
+    Misbehaviour(
+        "snapshot-source-mismatch",
+        CSI,
+        "CSI v1.12 §CreateSnapshot (Snapshot.source_volume_id identifies the source volume)",
+        "CreateSnapshot reports a source_volume_id other than the requested one.",
+        responses={"CreateSnapshot": _other_source},
+    ),
+    Misbehaviour(
+        "snapshot-no-creation-time",
+        CSI,
+        "CSI v1.12 §CreateSnapshot (Snapshot.creation_time REQUIRED); CSI v0.3 (created_at)",
+        "CreateSnapshot answers without a creation time.",
+        responses={"CreateSnapshot": _no_creation_time},
+    ),
+    Misbehaviour(
+        "node-info-no-node-id",
+        CSI,
+        "CSI v1.12 §NodeGetInfo (node_id REQUIRED); CSI v0.3 §NodeGetId",
+        "NodeGetInfo (and csi.v0 NodeGetId) answer with an empty node_id.",
+        responses=dict.fromkeys(("NodeGetInfo", "NodeGetId"), _no_node_id),
+    ),
+    Misbehaviour(
+        "get-capacity-negative",
+        CSI,
+        "CSI v1.12 §GetCapacity (available_capacity MUST NOT be negative)",
+        "GetCapacity reports available_capacity = -1.",
+        responses={"GetCapacity": _negative_available},
+    ),
+    Misbehaviour(
+        "metadata-offset-ignored",
+        CSI_V1,
+        "CSI v1.12 §GetMetadataAllocated and §GetMetadataDelta (no tuple may end before"
+        " starting_offset)",
+        "The snapshot metadata streams start at offset 0 whatever starting_offset says.",
+        requests=dict.fromkeys(("GetMetadataAllocated", "GetMetadataDelta"), _offset_zero),
+    ),
+    Misbehaviour(
+        "metadata-exceeds-max-results",
+        CSI_V1,
+        "CSI v1.12 §GetMetadataAllocated and §GetMetadataDelta (at most max_results tuples"
+        " per message)",
+        "Snapshot metadata messages carry up to 2*max_results+1 tuples.",
+        requests=dict.fromkeys(("GetMetadataAllocated", "GetMetadataDelta"), _more_results),
+    ),
+    Misbehaviour(
+        "bucket-id-empty",
+        COSI,
+        "COSI §DriverCreateBucket (bucket_id identifies the bucket for later calls)",
+        "DriverCreateBucket succeeds with an empty bucket_id.",
+        responses={"DriverCreateBucket": _empty_bucket_id},
+    ),
+    Misbehaviour(
+        "grant-no-account-id",
+        COSI,
+        "COSI §DriverGrantBucketAccess (account_id REQUIRED)",
+        "DriverGrantBucketAccess succeeds with an empty account_id.",
+        responses={"DriverGrantBucketAccess": _empty_account_id},
+    ),
+    Misbehaviour(
+        "grant-no-credentials",
+        COSI,
+        "COSI §DriverGrantBucketAccess (credentials REQUIRED: at least one entry)",
+        "DriverGrantBucketAccess succeeds with no credentials.",
+        responses={"DriverGrantBucketAccess": _no_credentials},
+    ),
+    Misbehaviour(
+        "machine-no-provider-id",
+        CMI,
+        "CMI §CreateMachine and §GetMachineStatus (ProviderID REQUIRED)",
+        "CreateMachine and GetMachineStatus answer with an empty ProviderID.",
+        responses=dict.fromkeys(("CreateMachine", "GetMachineStatus"), _no_provider_id),
+    ),
+    Misbehaviour(
+        "machine-no-node-name",
+        CMI,
+        "CMI §CreateMachine and §GetMachineStatus (NodeName REQUIRED)",
+        "CreateMachine and GetMachineStatus answer with an empty NodeName.",
+        responses=dict.fromkeys(("CreateMachine", "GetMachineStatus"), _no_node_name),
+    ),
+    Misbehaviour(
+        "cmi-create-capability-missing",
+        CMI,
+        "CMI §GetPluginCapabilities and §CreateMachine (CREATE_MACHINE capability REQUIRED)",
+        "GetPluginCapabilities omits CREATE_MACHINE although CreateMachine works.",
+        responses={"GetPluginCapabilities": _hide_create_machine},
+    ),
+]
+
+MISBEHAVIOURS: Mapping[str, Misbehaviour] = MappingProxyType({m.name: m for m in _ENTRIES})
+
+
+def catalogue(spec: str | None = None) -> list[Misbehaviour]:
+    """Entries in definition order, optionally only those applying to ``spec``."""
+    return [m for m in _ENTRIES if spec is None or spec in m.specs]
+
+
+def check_misbehaviours(spec: str, names: Iterable[str]) -> None:
+    """ConfigError when a name is unknown or does not apply to ``spec``."""
+    for name in sorted(names):
+        entry = MISBEHAVIOURS.get(name)
+        valid = ", ".join(m.name for m in catalogue(spec))
+        if entry is None:
+            raise ConfigError(f"unknown misbehaviour {name!r}; for {spec}: {valid}")
+        if spec not in entry.specs:
+            raise ConfigError(f"misbehaviour {name!r} does not apply to {spec}; use: {valid}")

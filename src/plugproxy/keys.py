@@ -1,0 +1,157 @@
+"""Which volume, snapshot, bucket or machine a call is about.
+
+One small table per spec names, per RPC, the request fields that identify the resources it
+acts on (CSI v1.12 §Concurrency: one call in flight per volume). The descriptors supply the
+rest: paths are checked against them and compiled into extractor functions at startup.
+Identity, capability, probe and list calls have no entry, so they have no keys.
+
+A key is "<kind>:<value>", e.g. "volume:pvc-1". Names and ids are different kinds: a
+CreateVolume name is not yet a volume id.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import cast
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from plugproxy.api import Call, MethodInfo
+
+KeySpec = tuple[tuple[str, str], ...]  # ((kind, dotted field path), ...)
+
+_VOLUME: KeySpec = (("volume", "volume_id"),)
+_CSI_COMMON: dict[str, KeySpec] = {
+    "CreateVolume": (
+        ("volume-name", "name"),
+        ("snapshot", "volume_content_source.snapshot.snapshot_id"),
+        ("volume", "volume_content_source.volume.volume_id"),
+    ),
+    "DeleteVolume": _VOLUME,
+    "ControllerPublishVolume": _VOLUME,
+    "ControllerUnpublishVolume": _VOLUME,
+    "ValidateVolumeCapabilities": _VOLUME,
+    "CreateSnapshot": (("snapshot-name", "name"), ("volume", "source_volume_id")),
+    "DeleteSnapshot": (("snapshot", "snapshot_id"),),
+    "NodeStageVolume": _VOLUME,
+    "NodeUnstageVolume": _VOLUME,
+    "NodePublishVolume": _VOLUME,
+    "NodeUnpublishVolume": _VOLUME,
+}
+
+KEY_TABLES: dict[str, dict[str, KeySpec]] = {
+    "csi.v1": {
+        **_CSI_COMMON,
+        "ControllerExpandVolume": _VOLUME,
+        "ControllerGetVolume": _VOLUME,
+        "ControllerModifyVolume": _VOLUME,
+        "GetSnapshot": (("snapshot", "snapshot_id"),),
+        "NodeGetVolumeStats": _VOLUME,
+        "NodeExpandVolume": _VOLUME,
+        "CreateVolumeGroupSnapshot": (
+            ("group-snapshot-name", "name"),
+            ("volume", "source_volume_ids"),
+        ),
+        "DeleteVolumeGroupSnapshot": (
+            ("group-snapshot", "group_snapshot_id"),
+            ("snapshot", "snapshot_ids"),
+        ),
+        "GetVolumeGroupSnapshot": (
+            ("group-snapshot", "group_snapshot_id"),
+            ("snapshot", "snapshot_ids"),
+        ),
+        "GetMetadataAllocated": (("snapshot", "snapshot_id"),),
+        "GetMetadataDelta": (("snapshot", "base_snapshot_id"), ("snapshot", "target_snapshot_id")),
+    },
+    "csi.v0": {
+        **_CSI_COMMON,
+        "CreateVolume": (
+            ("volume-name", "name"),
+            ("snapshot", "volume_content_source.snapshot.id"),
+        ),
+    },
+    "cosi.v1alpha1": {
+        "DriverCreateBucket": (("bucket-name", "name"),),
+        "DriverDeleteBucket": (("bucket", "bucket_id"),),
+        "DriverGrantBucketAccess": (("bucket", "bucket_id"),),
+        "DriverRevokeBucketAccess": (("bucket", "bucket_id"),),
+    },
+    "cmi.v1": {
+        name: (("machine", "MachineName"),)
+        for name in ("CreateMachine", "DeleteMachine", "GetMachineStatus", "ShutDownMachine")
+    },
+}
+
+Extractor = Callable[[Message], tuple[str, ...]]
+
+
+def _resolve(desc: Descriptor, path: str) -> list[FieldDescriptor]:
+    fields = []
+    for part in path.split("."):
+        fd = desc.fields_by_name.get(part)
+        if fd is None:
+            raise ValueError(f"{desc.full_name} has no field {part!r} (key path {path!r})")
+        fields.append(fd)
+        if fd.message_type is not None:
+            desc = fd.message_type
+    if fields[-1].type != FieldDescriptor.TYPE_STRING:
+        raise ValueError(f"key path {path!r} of {desc.full_name} does not end in a string")
+    return fields
+
+
+def _values(message: Message, fields: list[FieldDescriptor]) -> list[str]:
+    current: list[Message] = [message]
+    for fd in fields[:-1]:
+        nxt: list[Message] = []
+        for m in current:
+            if fd.is_repeated:
+                nxt.extend(getattr(m, fd.name))
+            elif m.HasField(fd.name):
+                nxt.append(getattr(m, fd.name))
+        current = nxt
+    last = fields[-1]
+    out: list[str] = []
+    for m in current:
+        value = getattr(m, last.name)
+        if last.is_repeated:
+            out.extend(v for v in value if v)
+        elif value:
+            out.append(value)
+    return out
+
+
+@functools.cache
+def extractor(method: MethodInfo) -> Extractor | None:
+    """Compiled key extractor for ``method``, or None when its calls have no keys."""
+    if method.spec is None or method.request_class is None:
+        return None
+    spec = KEY_TABLES.get(method.spec.name, {}).get(method.name)
+    if not spec:
+        return None
+    desc = cast(Descriptor, method.request_class.DESCRIPTOR)  # upb's class is the same thing
+    compiled = [(kind, _resolve(desc, path)) for kind, path in spec]
+
+    def extract(message: Message) -> tuple[str, ...]:
+        keys: list[str] = []
+        for kind, fields in compiled:
+            keys.extend(f"{kind}:{value}" for value in _values(message, fields))
+        return tuple(dict.fromkeys(keys))  # a key named twice is held once
+
+    return extract
+
+
+def keys_of(call: Call) -> tuple[str, ...]:
+    """The call's resource keys, computed once per call and shared by every stage."""
+    cached: tuple[str, ...] | None = call.stage_state.get("keys")
+    if cached is not None:
+        return cached
+    keys: tuple[str, ...] = ()
+    fn = extractor(call.method)
+    if fn is not None and call.request is not None:
+        message = call.request.message
+        if message is not None:
+            keys = fn(message)
+    call.stage_state["keys"] = keys
+    return keys

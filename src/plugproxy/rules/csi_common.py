@@ -1,0 +1,535 @@
+"""Rules and method-level checks shared by the CSI tables (csi.v1 and csi.v0).
+
+Rule ids are the same for both versions (``--rule csi.size-limit=off`` covers both); each
+version cites its own spec title in sections. csi.v0 names a few fields differently
+(``Volume.id``, ``Snapshot.id``): the checks take those names as parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, CompiledSpec, Rule, Violation
+
+if TYPE_CHECKING:
+    from plugproxy.api import Call
+    from plugproxy.rules.state import SpecState
+
+BOTH = (CO, PLUGIN)
+
+# Codes gRPC itself produces for any call (deadlines, cancellation, transport trouble,
+# crashes); a plugin returning them is never judged against an RPC's error table.
+TRANSPORT_CODES = frozenset(
+    {"CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "UNAVAILABLE"}
+)
+
+
+def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
+    """The csi.* rule catalogue, citing ``title`` (e.g. "CSI v1.12")."""
+    rules = [
+        Rule(
+            "csi.required-field",
+            MUST,
+            BOTH,
+            f"{title} §{{rpc}}",
+            "A field the spec marks REQUIRED is missing (empty, absent, or no oneof member).",
+        ),
+        Rule(
+            "csi.size-limit",
+            MUST,
+            BOTH,
+            f"{title} §Size Limits",
+            "A string exceeds 128 bytes or a map<string,string> 4 KiB, unless the field's"
+            " own description overrides the limit.",
+        ),
+        Rule(
+            "csi.plugin-name-format",
+            MUST,
+            (PLUGIN,),
+            f"{title} §GetPluginInfo",
+            "The plugin name is not 63 characters or less in domain name notation.",
+        ),
+        Rule(
+            "csi.name-banned-characters",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "A CreateVolume/CreateSnapshot name contains a banned control character.",
+        ),
+        Rule(
+            "csi.secret-key-format",
+            MUST,
+            (CO,),
+            f"{title} §Secrets Requirements",
+            "A secrets map key is not made of alphanumerics, '-', '_' and '.'.",
+        ),
+        Rule(
+            "csi.negative-value",
+            MUST,
+            BOTH,
+            f"{title} §{{rpc}}",
+            "A size, capacity, count or usage field the spec says MUST NOT be negative is.",
+        ),
+        Rule(
+            "csi.malformed-message",
+            MUST,
+            BOTH,
+            f"{title} §{{rpc}}",
+            "The message bytes do not decode as the RPC's message type.",
+        ),
+        Rule(
+            "csi.error-message-empty",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            "A non-OK status carries an empty message.",
+        ),
+        Rule(
+            "csi.status-details-nonempty",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            "A non-OK status carries status details (grpc-status-details-bin).",
+        ),
+        Rule(
+            "csi.unimplemented-advertised",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "The plugin answers UNIMPLEMENTED for an RPC it must implement or advertised.",
+        ),
+        Rule(
+            "csi.error-code-unexpected",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "A status code neither in the RPC's error table nor a general one (advisory).",
+        ),
+        Rule(
+            "csi.capability-not-advertised",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "The CO calls an RPC or sets a field gated by a capability the plugin did not"
+            " advertise.",
+            reject_code="FAILED_PRECONDITION",
+        ),
+        Rule(
+            "csi.capacity-out-of-range",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume returns a capacity outside the requested capacity_range.",
+        ),
+        Rule(
+            "csi.content-source-not-echoed",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume from a source answers without (or with another kind of) content_source.",
+        ),
+        Rule(
+            "csi.topology-without-capability",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "accessible_topology is returned without the VOLUME_ACCESSIBILITY_CONSTRAINTS"
+            " plugin capability.",
+        ),
+        Rule(
+            "csi.list-max-entries",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "A list call returns more entries than max_entries.",
+        ),
+        Rule(
+            "csi.snapshot-source-mismatch",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateSnapshot",
+            "CreateSnapshot reports a source_volume_id other than the requested one.",
+        ),
+        Rule(
+            "csi.call-order",
+            MUST,
+            (CO,),
+            f"{title} §Volume Lifecycle",
+            "A call breaks the volume lifecycle as seen by the proxy.",
+            reject_code="FAILED_PRECONDITION",
+        ),
+        Rule(
+            "csi.create-not-idempotent",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "A repeated CreateVolume with the same name and arguments returns another volume id.",
+        ),
+        Rule(
+            "csi.size-limit-recommended",
+            SHOULD,
+            BOTH,
+            f"{title} §{{rpc}}",
+            "A field over the general 128-byte limit where only the limit is RECOMMENDED"
+            " (v1 node_id; v0 paths, advisory).",
+        ),
+    ]
+    if v1:
+        rules += [
+            Rule(
+                "csi.validate-confirmed-mismatch",
+                MUST,
+                (PLUGIN,),
+                f"{title} §ValidateVolumeCapabilities",
+                "The confirmed part of ValidateVolumeCapabilities holds what was not requested.",
+            ),
+            Rule(
+                "csi.metadata-max-results",
+                MUST,
+                (PLUGIN,),
+                f"{title} §{{rpc}}",
+                "A snapshot metadata message carries more than max_results tuples.",
+            ),
+            Rule(
+                "csi.metadata-offset",
+                MUST,
+                (PLUGIN,),
+                f"{title} §{{rpc}}",
+                "A snapshot metadata tuple ends before the requested starting_offset.",
+            ),
+        ]
+    return tuple(rules)
+
+
+def capability_names(response: Any) -> frozenset[str]:
+    """Names of the capability enum values a *GetCapabilities response lists."""
+    names: set[str] = set()
+    for cap in response.capabilities:
+        kind = cap.WhichOneof("type")
+        if kind is None:
+            continue
+        inner = getattr(cap, kind)
+        for fd in inner.DESCRIPTOR.fields:
+            if fd.enum_type is not None and not fd.is_repeated:
+                value = fd.enum_type.values_by_number.get(getattr(inner, fd.name))
+                if value is not None:
+                    names.add(value.name)
+    return frozenset(names)
+
+
+def _digest(message: Any) -> bytes:
+    return hashlib.blake2b(message.SerializeToString(deterministic=True), digest_size=16).digest()
+
+
+def _canon(message: Any) -> bytes:
+    return bytes(message.SerializeToString(deterministic=True))
+
+
+@dataclass(frozen=True)
+class CsiChecks:
+    """Method-level CSI checks, bound to one version's field names."""
+
+    volume_id: str  # field of Volume holding its id: volume_id (v1) or id (v0)
+    topology_capability: str = "VOLUME_ACCESSIBILITY_CONSTRAINTS"  # v0: ACCESSIBILITY_...
+    has_topology: bool = True
+
+    # -- requests (party co) ------------------------------------------------------------
+
+    def create_volume_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        rule = cs.rule("capability-not-advertised")
+        plugin = st.known_capabilities("plugin")
+        if (
+            self.has_topology
+            and plugin is not None
+            and req.HasField("accessibility_requirements")
+            and self.topology_capability not in plugin
+        ):
+            yield Violation(
+                rule,
+                "accessibility_requirements",
+                "accessibility_requirements is set but the plugin does not advertise"
+                f" {self.topology_capability}",
+            )
+        controller = st.known_capabilities("controller")
+        if controller is not None and req.HasField("volume_content_source"):
+            kind = req.volume_content_source.WhichOneof("type")
+            needed = {"snapshot": "CREATE_DELETE_SNAPSHOT", "volume": "CLONE_VOLUME"}.get(
+                kind or ""
+            )
+            if needed is not None and needed not in controller:
+                yield Violation(
+                    rule,
+                    f"volume_content_source.{kind}",
+                    f"volume_content_source.{kind} is set but the controller does not advertise"
+                    f" {needed}",
+                )
+
+    def node_publish_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        node = st.known_capabilities("node")
+        if node is None or "STAGE_UNSTAGE_VOLUME" not in node:
+            return
+        vs = st.peek(req.volume_id)
+        if vs is not None and vs.known_unstaged and not vs.staged:
+            yield Violation(
+                cs.rule("call-order"),
+                "volume_id",
+                "NodePublishVolume before NodeStageVolume: the plugin advertises"
+                " STAGE_UNSTAGE_VOLUME and the volume is not staged on this node",
+            )
+
+    def node_unstage_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        vs = st.peek(req.volume_id)
+        if vs is not None and vs.published:
+            yield Violation(
+                cs.rule("call-order"),
+                "volume_id",
+                f"NodeUnstageVolume while {len(vs.published)} publication(s) of the volume"
+                " remain on this node (NodeUnpublishVolume first)",
+            )
+
+    def controller_unpublish_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        vs = st.peek(req.volume_id)
+        if vs is None or st.node_id is None or not (vs.staged or vs.published):
+            return
+        if req.node_id and req.node_id != st.node_id:
+            return
+        what = "staged" if vs.staged else "published"
+        yield Violation(
+            cs.rule("call-order"),
+            "volume_id",
+            f"ControllerUnpublishVolume while the volume is still {what} on the node"
+            " (NodeUnpublishVolume and NodeUnstageVolume first)",
+        )
+
+    def delete_volume_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        vs = st.peek(req.volume_id)
+        if vs is None:
+            return
+        if vs.controller_nodes:
+            where = f"published to {len(vs.controller_nodes)} node(s)"
+        elif vs.published or vs.staged:
+            where = "staged or published on a node"
+        else:
+            return
+        yield Violation(
+            cs.rule("call-order"), "volume_id", f"DeleteVolume while the volume is {where}"
+        )
+
+    # -- responses (party plugin) -------------------------------------------------------
+
+    def create_volume_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("volume"):
+            return
+        vol = resp.volume
+        cap = vol.capacity_bytes
+        if cap > 0 and req.HasField("capacity_range"):
+            cr = req.capacity_range
+            if cr.required_bytes > 0 and cap < cr.required_bytes:
+                yield Violation(
+                    cs.rule("capacity-out-of-range"),
+                    "volume.capacity_bytes",
+                    f"volume.capacity_bytes {cap} is below capacity_range.required_bytes"
+                    f" {cr.required_bytes}",
+                )
+            if cr.limit_bytes > 0 and cap > cr.limit_bytes:
+                yield Violation(
+                    cs.rule("capacity-out-of-range"),
+                    "volume.capacity_bytes",
+                    f"volume.capacity_bytes {cap} is above capacity_range.limit_bytes"
+                    f" {cr.limit_bytes}",
+                )
+        if req.HasField("volume_content_source"):
+            asked = req.volume_content_source.WhichOneof("type")
+            got = vol.content_source.WhichOneof("type") if vol.HasField("content_source") else None
+            if got is None or (asked is not None and got != asked):
+                yield Violation(
+                    cs.rule("content-source-not-echoed"),
+                    "volume.content_source",
+                    f"CreateVolume from a {asked or 'source'} answered with"
+                    f" {'no content_source' if got is None else f'content_source.{got}'}",
+                )
+        if self.has_topology:
+            yield from self._topology(cs, st, vol.accessible_topology, "volume.accessible_topology")
+        vid = getattr(vol, self.volume_id)
+        if req.name and vid:
+            digest = _digest(req)
+            prev = st.creates.get(req.name)
+            if prev is not None and prev[0] == digest and prev[1] != vid:
+                yield Violation(
+                    cs.rule("create-not-idempotent"),
+                    f"volume.{self.volume_id}",
+                    f"CreateVolume repeated with the same name and arguments returned another"
+                    f" volume.{self.volume_id} than before",
+                )
+            st.creates[req.name] = (digest, vid)
+
+    def _topology(
+        self, cs: CompiledSpec, st: SpecState, topology: Any, where: str
+    ) -> Iterable[Violation]:
+        if not topology:
+            return
+        plugin = st.known_capabilities("plugin")
+        if plugin is not None and self.topology_capability not in plugin:
+            yield Violation(
+                cs.rule("topology-without-capability"),
+                where,
+                f"{where} has {len(topology)} entries but the plugin does not advertise"
+                f" {self.topology_capability}",
+            )
+
+    def node_get_info_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.node_id:
+            st.node_id = resp.node_id
+        if self.has_topology and resp.HasField("accessible_topology"):
+            yield from self._topology(
+                cs, st, resp.accessible_topology.segments, "accessible_topology"
+            )
+
+    def node_get_id_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.node_id:
+            st.node_id = resp.node_id
+        return ()
+
+    def list_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if req.max_entries > 0 and len(resp.entries) > req.max_entries:
+            yield Violation(
+                cs.rule("list-max-entries"),
+                "entries",
+                f"{len(resp.entries)} entries returned; max_entries was {req.max_entries}",
+            )
+
+    def create_snapshot_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("snapshot"):
+            return
+        got = resp.snapshot.source_volume_id
+        if got and req.source_volume_id and got != req.source_volume_id:
+            yield Violation(
+                cs.rule("snapshot-source-mismatch"),
+                "snapshot.source_volume_id",
+                "snapshot.source_volume_id differs from the request's source_volume_id",
+            )
+
+    def validate_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("confirmed"):
+            return
+        confirmed = resp.confirmed
+        rule = cs.rule("validate-confirmed-mismatch")
+        asked = {_canon(c) for c in req.volume_capabilities}
+        extra = sum(1 for c in confirmed.volume_capabilities if _canon(c) not in asked)
+        if extra:
+            yield Violation(
+                rule,
+                "confirmed.volume_capabilities",
+                f"confirmed.volume_capabilities holds {extra} capabilit(ies) not in the request",
+            )
+        for name in ("volume_context", "parameters", "mutable_parameters"):
+            if name not in confirmed.DESCRIPTOR.fields_by_name:
+                continue
+            requested = getattr(req, name)
+            extra = sum(1 for k, v in getattr(confirmed, name).items() if requested.get(k) != v)
+            if extra:
+                yield Violation(
+                    rule,
+                    f"confirmed.{name}",
+                    f"confirmed.{name} holds {extra} entr(ies) not in the request's {name}",
+                )
+
+    def metadata_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        blocks = resp.block_metadata
+        if req.max_results > 0 and len(blocks) > req.max_results:
+            yield Violation(
+                cs.rule("metadata-max-results"),
+                "block_metadata",
+                f"{len(blocks)} tuples in one message; max_results was {req.max_results}",
+            )
+        start = req.starting_offset
+        if start > 0:
+            early = sum(1 for b in blocks if b.byte_offset + b.size_bytes <= start)
+            if early:
+                yield Violation(
+                    cs.rule("metadata-offset"),
+                    "block_metadata",
+                    f"{early} tuple(s) end at or before starting_offset {start}",
+                )
+
+    # -- bookkeeping after success (call order state) ---------------------------------
+
+    def created(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid = getattr(resp.volume, self.volume_id) if resp is not None else ""
+        if not vid:
+            return
+        vs = st.peek(vid)
+        if vs is None:
+            vs = st.volume(vid)
+            vs.known_unstaged = True  # a volume just created is staged nowhere
+        vs.created_name = req.name
+
+    def deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vs = st.peek(req.volume_id)
+        if vs is not None and vs.created_name:
+            entry = st.creates.get(vs.created_name)
+            if entry is not None and entry[1] == req.volume_id:
+                st.creates.pop(vs.created_name, None)
+        st.forget(req.volume_id)
+
+    def controller_published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.volume_id and req.node_id:
+            st.volume(req.volume_id).controller_nodes.add(req.node_id)
+
+    def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vs = st.peek(req.volume_id)
+        if vs is None:
+            return
+        if req.node_id:
+            vs.controller_nodes.discard(req.node_id)
+        else:
+            vs.controller_nodes.clear()
+
+    def staged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.volume_id:
+            vs = st.volume(req.volume_id)
+            vs.staged.add(req.staging_target_path)
+            vs.known_unstaged = False
+
+    def unstaged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.volume_id:
+            vs = st.volume(req.volume_id)
+            vs.staged.discard(req.staging_target_path)
+            if not vs.staged:
+                vs.known_unstaged = True
+
+    def published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.volume_id:
+            st.volume(req.volume_id).published.add(req.target_path)
+
+    def unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vs = st.peek(req.volume_id)
+        if vs is not None:
+            vs.published.discard(req.target_path)

@@ -1,0 +1,168 @@
+"""Rule table of CSI v0.3 (package csi.v0).
+
+REQUIRED fields: every field the spec's messages mark REQUIRED (25 "This field is
+REQUIRED" plus the other wordings, 40 in all); bool fields are listed and skipped.
+``Snapshot.created_at`` is an int64 timestamp where 0 cannot be a creation time, so it is
+checked as non-zero. CSI v0.3 states no size-limit override; its path fields are judged by
+the advisory ``csi.size-limit-recommended`` only, because the general limit on kubelet paths
+was dropped in CSI v1 (§Size Limits overrides on every path field).
+"""
+
+from __future__ import annotations
+
+from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
+from plugproxy.rules.engine import SpecTable
+
+TITLE = "CSI v0.3"
+_checks = CsiChecks(volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS")
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "GetPluginInfoResponse": ("name", "vendor_version"),
+    "CreateVolumeRequest": ("name", "volume_capabilities"),
+    "VolumeContentSource": ("oneof:type",),
+    "VolumeContentSource.SnapshotSource": ("id",),
+    "CreateVolumeResponse": ("volume",),
+    "VolumeCapability": ("oneof:access_type", "access_mode"),
+    "VolumeCapability.AccessMode": ("mode",),
+    "Volume": ("id",),
+    "DeleteVolumeRequest": ("volume_id",),
+    "ControllerPublishVolumeRequest": ("volume_id", "node_id", "volume_capability", "readonly"),
+    "ControllerUnpublishVolumeRequest": ("volume_id",),
+    "ValidateVolumeCapabilitiesRequest": ("volume_id", "volume_capabilities"),
+    "ValidateVolumeCapabilitiesResponse": ("supported",),
+    "GetCapacityResponse": ("available_capacity",),
+    "CreateSnapshotRequest": ("source_volume_id", "name"),
+    "CreateSnapshotResponse": ("snapshot",),
+    "Snapshot": ("id", "source_volume_id", "created_at"),
+    "SnapshotStatus": ("type",),
+    "DeleteSnapshotRequest": ("snapshot_id",),
+    "NodeStageVolumeRequest": ("volume_id", "staging_target_path", "volume_capability"),
+    "NodeUnstageVolumeRequest": ("volume_id", "staging_target_path"),
+    "NodePublishVolumeRequest": ("volume_id", "target_path", "volume_capability", "readonly"),
+    "NodeUnpublishVolumeRequest": ("volume_id", "target_path"),
+    "NodeGetIdResponse": ("node_id",),
+    "NodeGetInfoResponse": ("node_id",),
+}
+
+_PATHS = (
+    ("NodeStageVolumeRequest", "staging_target_path"),
+    ("NodeUnstageVolumeRequest", "staging_target_path"),
+    ("NodePublishVolumeRequest", "staging_target_path"),
+    ("NodePublishVolumeRequest", "target_path"),
+    ("NodeUnpublishVolumeRequest", "target_path"),
+)
+
+_SECRETS = (
+    ("CreateVolumeRequest", "controller_create_secrets"),
+    ("DeleteVolumeRequest", "controller_delete_secrets"),
+    ("ControllerPublishVolumeRequest", "controller_publish_secrets"),
+    ("ControllerUnpublishVolumeRequest", "controller_unpublish_secrets"),
+    ("CreateSnapshotRequest", "create_snapshot_secrets"),
+    ("DeleteSnapshotRequest", "delete_snapshot_secrets"),
+    ("NodeStageVolumeRequest", "node_stage_secrets"),
+    ("NodePublishVolumeRequest", "node_publish_secrets"),
+)
+
+_GENERAL = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"}) | TRANSPORT_CODES
+
+
+def _codes(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+ERROR_CODES: dict[str, frozenset[str]] = {
+    "Probe": _codes("FAILED_PRECONDITION"),
+    "CreateVolume": _codes("ABORTED", "ALREADY_EXISTS", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"),
+    "DeleteVolume": _codes("ABORTED", "FAILED_PRECONDITION"),
+    "ControllerPublishVolume": _codes(
+        "ABORTED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND", "RESOURCE_EXHAUSTED"
+    ),
+    "ControllerUnpublishVolume": _codes("ABORTED", "NOT_FOUND"),
+    "ValidateVolumeCapabilities": _codes("NOT_FOUND"),
+    "ListVolumes": _codes("ABORTED"),
+    "CreateSnapshot": _codes("ABORTED", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED"),
+    "DeleteSnapshot": _codes("ABORTED", "FAILED_PRECONDITION"),
+    "ListSnapshots": _codes("ABORTED"),
+    "NodeStageVolume": _codes("ABORTED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnstageVolume": _codes("ABORTED", "NOT_FOUND"),
+    "NodePublishVolume": _codes("ABORTED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnpublishVolume": _codes("ABORTED", "NOT_FOUND"),
+}
+
+RPC_GATES: dict[str, tuple[str, str]] = {
+    "CreateVolume": ("controller", "CREATE_DELETE_VOLUME"),
+    "DeleteVolume": ("controller", "CREATE_DELETE_VOLUME"),
+    "ControllerPublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
+    "ControllerUnpublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
+    "ListVolumes": ("controller", "LIST_VOLUMES"),
+    "GetCapacity": ("controller", "GET_CAPACITY"),
+    "CreateSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
+    "DeleteSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
+    "ListSnapshots": ("controller", "LIST_SNAPSHOTS"),
+    "NodeStageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
+    "NodeUnstageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
+}
+
+TABLE = SpecTable(
+    spec="csi.v0",
+    family="csi",
+    title=TITLE,
+    package="csi.v0",
+    rules=csi_rules(TITLE, v1=False),
+    required=REQUIRED,
+    required_nonzero=frozenset({("Snapshot", "created_at")}),
+    size_overrides=dict.fromkeys(_PATHS),
+    size_recommended=dict.fromkeys(_PATHS, 128),
+    repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
+    plugin_name_fields=(("GetPluginInfoResponse", "name"),),
+    secret_maps=_SECRETS,
+    non_negative=(
+        ("CapacityRange", "required_bytes"),
+        ("CapacityRange", "limit_bytes"),
+        ("Volume", "capacity_bytes"),
+        ("ListVolumesRequest", "max_entries"),
+        ("GetCapacityResponse", "available_capacity"),
+        ("Snapshot", "size_bytes"),
+        ("ListSnapshotsRequest", "max_entries"),
+    ),
+    error_codes=ERROR_CODES,
+    general_codes=_GENERAL,
+    required_rpcs=frozenset({"GetPluginInfo", "GetPluginCapabilities", "Probe"}),
+    capability_queries={
+        "plugin": "/csi.v0.Identity/GetPluginCapabilities",
+        "controller": "/csi.v0.Controller/ControllerGetCapabilities",
+        "node": "/csi.v0.Node/NodeGetCapabilities",
+    },
+    capability_responses={
+        "GetPluginCapabilities": "plugin",
+        "ControllerGetCapabilities": "controller",
+        "NodeGetCapabilities": "node",
+    },
+    rpc_gates=RPC_GATES,
+    capability_needs={"CreateVolume": ("plugin", "controller"), "NodePublishVolume": ("node",)},
+    request_checks={
+        "CreateVolume": (_checks.create_volume_request,),
+        "NodePublishVolume": (_checks.node_publish_request,),
+        "NodeUnstageVolume": (_checks.node_unstage_request,),
+        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
+        "DeleteVolume": (_checks.delete_volume_request,),
+    },
+    response_checks={
+        "CreateVolume": (_checks.create_volume_response,),
+        "NodeGetInfo": (_checks.node_get_info_response,),
+        "NodeGetId": (_checks.node_get_id_response,),
+        "ListVolumes": (_checks.list_response,),
+        "ListSnapshots": (_checks.list_response,),
+        "CreateSnapshot": (_checks.create_snapshot_response,),
+    },
+    on_success={
+        "CreateVolume": _checks.created,
+        "DeleteVolume": _checks.deleted,
+        "ControllerPublishVolume": _checks.controller_published,
+        "ControllerUnpublishVolume": _checks.controller_unpublished,
+        "NodeStageVolume": _checks.staged,
+        "NodeUnstageVolume": _checks.unstaged,
+        "NodePublishVolume": _checks.published,
+        "NodeUnpublishVolume": _checks.unpublished,
+    },
+)

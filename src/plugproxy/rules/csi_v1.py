@@ -1,0 +1,241 @@
+"""Rule table of CSI v1.12 (package csi.v1).
+
+REQUIRED fields: every field the spec's messages mark "This field is REQUIRED" (72) or
+"This is a REQUIRED field" / "... is REQUIRED." (11), 83 in all. The engine checks those
+proto3 can see (strings, bytes, maps, repeated, messages, enums, oneofs); the REQUIRED bool
+and number fields are listed for completeness and skipped. Two oneofs are REQUIRED by the
+text around them: VolumeCapability's access type and VolumeContentSource's type.
+"""
+
+from __future__ import annotations
+
+from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
+from plugproxy.rules.engine import SpecTable
+
+TITLE = "CSI v1.12"
+_checks = CsiChecks(volume_id="volume_id")
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "GetPluginInfoResponse": ("name", "vendor_version"),
+    "CreateVolumeRequest": ("name", "volume_capabilities"),
+    "VolumeContentSource": ("oneof:type",),
+    "VolumeContentSource.SnapshotSource": ("snapshot_id",),
+    "VolumeContentSource.VolumeSource": ("volume_id",),
+    "CreateVolumeResponse": ("volume",),
+    "VolumeCapability": ("oneof:access_type", "access_mode"),
+    "VolumeCapability.AccessMode": ("mode",),
+    "Volume": ("volume_id",),
+    "DeleteVolumeRequest": ("volume_id",),
+    "ControllerPublishVolumeRequest": ("volume_id", "node_id", "volume_capability", "readonly"),
+    "ControllerUnpublishVolumeRequest": ("volume_id",),
+    "ValidateVolumeCapabilitiesRequest": ("volume_id", "volume_capabilities"),
+    "ValidateVolumeCapabilitiesResponse.Confirmed": ("volume_capabilities",),
+    "ListVolumesResponse.Entry": ("volume",),
+    "ControllerGetVolumeRequest": ("volume_id",),
+    "ControllerGetVolumeResponse": ("volume", "status"),
+    "ControllerModifyVolumeRequest": ("volume_id", "mutable_parameters"),
+    "GetCapacityResponse": ("available_capacity",),
+    "CreateSnapshotRequest": ("source_volume_id", "name"),
+    "CreateSnapshotResponse": ("snapshot",),
+    "Snapshot": ("snapshot_id", "source_volume_id", "creation_time", "ready_to_use"),
+    "DeleteSnapshotRequest": ("snapshot_id",),
+    "GetSnapshotRequest": ("snapshot_id",),
+    "GetSnapshotResponse": ("snapshot",),
+    "ControllerExpandVolumeRequest": ("volume_id", "capacity_range"),
+    "ControllerExpandVolumeResponse": ("capacity_bytes", "node_expansion_required"),
+    "NodeStageVolumeRequest": ("volume_id", "staging_target_path", "volume_capability"),
+    "NodeUnstageVolumeRequest": ("volume_id", "staging_target_path"),
+    "NodePublishVolumeRequest": ("volume_id", "target_path", "volume_capability", "readonly"),
+    "NodeUnpublishVolumeRequest": ("volume_id", "target_path"),
+    "NodeGetVolumeStatsRequest": ("volume_id", "volume_path"),
+    "VolumeUsage": ("total", "unit"),
+    "VolumeCondition": ("abnormal", "message"),
+    "NodeGetInfoResponse": ("node_id",),
+    "NodeExpandVolumeRequest": ("volume_id", "volume_path"),
+    "CreateVolumeGroupSnapshotRequest": ("name", "source_volume_ids"),
+    "CreateVolumeGroupSnapshotResponse": ("group_snapshot",),
+    "VolumeGroupSnapshot": ("group_snapshot_id", "snapshots", "creation_time", "ready_to_use"),
+    "DeleteVolumeGroupSnapshotRequest": ("group_snapshot_id", "snapshot_ids"),
+    "GetVolumeGroupSnapshotRequest": ("group_snapshot_id", "snapshot_ids"),
+    "GetVolumeGroupSnapshotResponse": ("group_snapshot",),
+    "BlockMetadata": ("byte_offset", "size_bytes"),
+    "GetMetadataAllocatedRequest": ("snapshot_id", "starting_offset"),
+    "GetMetadataAllocatedResponse": ("block_metadata_type", "volume_capacity_bytes"),
+    "GetMetadataDeltaRequest": ("base_snapshot_id", "target_snapshot_id", "starting_offset"),
+    "GetMetadataDeltaResponse": ("block_metadata_type", "volume_capacity_bytes"),
+}
+
+# Fields whose description overrides the general size limit (None: no limit stated).
+SIZE_OVERRIDES: dict[tuple[str, str], int | None] = {
+    ("NodeStageVolumeRequest", "staging_target_path"): None,
+    ("NodeUnstageVolumeRequest", "staging_target_path"): None,
+    ("NodePublishVolumeRequest", "staging_target_path"): None,
+    ("NodePublishVolumeRequest", "target_path"): None,
+    ("NodeUnpublishVolumeRequest", "target_path"): None,
+    ("NodeGetVolumeStatsRequest", "volume_path"): None,
+    ("NodeGetVolumeStatsRequest", "staging_target_path"): None,
+    ("NodeExpandVolumeRequest", "volume_path"): None,
+    ("NodeExpandVolumeRequest", "staging_target_path"): None,
+    # NodeGetInfo's node_id may take 256 bytes; the CO passes that same value back.
+    ("NodeGetInfoResponse", "node_id"): 256,
+    ("ControllerPublishVolumeRequest", "node_id"): 256,
+    ("ControllerUnpublishVolumeRequest", "node_id"): 256,
+}
+
+NON_NEGATIVE = (
+    ("CapacityRange", "required_bytes"),
+    ("CapacityRange", "limit_bytes"),
+    ("Volume", "capacity_bytes"),
+    ("ListVolumesRequest", "max_entries"),
+    ("ListSnapshotsRequest", "max_entries"),
+    ("GetCapacityResponse", "available_capacity"),
+    ("GetCapacityResponse", "maximum_volume_size"),
+    ("GetCapacityResponse", "minimum_volume_size"),
+    ("Snapshot", "size_bytes"),
+    ("VolumeUsage", "available"),
+    ("VolumeUsage", "total"),
+    ("VolumeUsage", "used"),
+    ("NodeGetInfoResponse", "max_volumes_per_node"),
+)
+
+_GENERAL = (
+    frozenset(
+        {"INVALID_ARGUMENT", "ABORTED", "UNIMPLEMENTED", "UNAUTHENTICATED", "PERMISSION_DENIED"}
+    )
+    | TRANSPORT_CODES
+)
+
+
+def _codes(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+ERROR_CODES: dict[str, frozenset[str]] = {
+    "Probe": _codes("FAILED_PRECONDITION"),
+    "CreateVolume": _codes(
+        "ALREADY_EXISTS", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"
+    ),
+    "DeleteVolume": _codes("FAILED_PRECONDITION"),
+    "ControllerPublishVolume": _codes(
+        "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND", "RESOURCE_EXHAUSTED"
+    ),
+    "ControllerUnpublishVolume": _codes("NOT_FOUND"),
+    "ValidateVolumeCapabilities": _codes("NOT_FOUND"),
+    "ListVolumes": _codes("ABORTED"),
+    "ControllerGetVolume": _codes("NOT_FOUND"),
+    "ControllerModifyVolume": _codes("INVALID_ARGUMENT", "NOT_FOUND"),
+    "CreateSnapshot": _codes("ABORTED", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED"),
+    "DeleteSnapshot": _codes("ABORTED", "FAILED_PRECONDITION", "INVALID_ARGUMENT"),
+    "ListSnapshots": _codes("ABORTED"),
+    "GetSnapshot": _codes("NOT_FOUND"),
+    "ControllerExpandVolume": _codes(
+        "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
+    ),
+    "NodeStageVolume": _codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnstageVolume": _codes("NOT_FOUND"),
+    "NodePublishVolume": _codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnpublishVolume": _codes("NOT_FOUND"),
+    "NodeGetVolumeStats": _codes("NOT_FOUND"),
+    "NodeExpandVolume": _codes(
+        "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
+    ),
+    "CreateVolumeGroupSnapshot": _codes(
+        "ALREADY_EXISTS", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"
+    ),
+    "DeleteVolumeGroupSnapshot": _codes("FAILED_PRECONDITION", "INVALID_ARGUMENT"),
+    "GetVolumeGroupSnapshot": _codes("INVALID_ARGUMENT", "NOT_FOUND"),
+    "GetMetadataAllocated": _codes("INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"),
+    "GetMetadataDelta": _codes(
+        "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
+    ),
+}
+
+# RPC -> (capability kind, capability the plugin must advertise before the CO calls it).
+RPC_GATES: dict[str, tuple[str, str]] = {
+    "CreateVolume": ("controller", "CREATE_DELETE_VOLUME"),
+    "DeleteVolume": ("controller", "CREATE_DELETE_VOLUME"),
+    "ControllerPublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
+    "ControllerUnpublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
+    "ListVolumes": ("controller", "LIST_VOLUMES"),
+    "GetCapacity": ("controller", "GET_CAPACITY"),
+    "CreateSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
+    "DeleteSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
+    "ListSnapshots": ("controller", "LIST_SNAPSHOTS"),
+    "GetSnapshot": ("controller", "GET_SNAPSHOT"),
+    "ControllerExpandVolume": ("controller", "EXPAND_VOLUME"),
+    "ControllerGetVolume": ("controller", "GET_VOLUME"),
+    "ControllerModifyVolume": ("controller", "MODIFY_VOLUME"),
+    "NodeStageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
+    "NodeUnstageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
+    "NodeGetVolumeStats": ("node", "GET_VOLUME_STATS"),
+    "NodeExpandVolume": ("node", "EXPAND_VOLUME"),
+    "CreateVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
+    "DeleteVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
+    "GetVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
+}
+
+TABLE = SpecTable(
+    spec="csi.v1",
+    family="csi",
+    title=TITLE,
+    package="csi.v1",
+    rules=csi_rules(TITLE, v1=True),
+    required=REQUIRED,
+    size_overrides=SIZE_OVERRIDES,
+    size_recommended={("NodeGetInfoResponse", "node_id"): 128},
+    repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
+    plugin_name_fields=(("GetPluginInfoResponse", "name"),),
+    name_fields=(
+        ("CreateVolumeRequest", "name"),
+        ("CreateSnapshotRequest", "name"),
+        ("CreateVolumeGroupSnapshotRequest", "name"),
+    ),
+    non_negative=NON_NEGATIVE,
+    error_codes=ERROR_CODES,
+    general_codes=_GENERAL,
+    required_rpcs=frozenset({"GetPluginInfo", "GetPluginCapabilities", "Probe"}),
+    capability_queries={
+        "plugin": "/csi.v1.Identity/GetPluginCapabilities",
+        "controller": "/csi.v1.Controller/ControllerGetCapabilities",
+        "node": "/csi.v1.Node/NodeGetCapabilities",
+        "group": "/csi.v1.GroupController/GroupControllerGetCapabilities",
+    },
+    capability_responses={
+        "GetPluginCapabilities": "plugin",
+        "ControllerGetCapabilities": "controller",
+        "NodeGetCapabilities": "node",
+        "GroupControllerGetCapabilities": "group",
+    },
+    rpc_gates=RPC_GATES,
+    request_checks={
+        "CreateVolume": (_checks.create_volume_request,),
+        "NodePublishVolume": (_checks.node_publish_request,),
+        "NodeUnstageVolume": (_checks.node_unstage_request,),
+        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
+        "DeleteVolume": (_checks.delete_volume_request,),
+    },
+    capability_needs={
+        "CreateVolume": ("plugin", "controller"),
+        "NodePublishVolume": ("node",),
+    },
+    response_checks={
+        "CreateVolume": (_checks.create_volume_response,),
+        "NodeGetInfo": (_checks.node_get_info_response,),
+        "ListVolumes": (_checks.list_response,),
+        "ListSnapshots": (_checks.list_response,),
+        "CreateSnapshot": (_checks.create_snapshot_response,),
+        "ValidateVolumeCapabilities": (_checks.validate_response,),
+        "GetMetadataAllocated": (_checks.metadata_response,),
+        "GetMetadataDelta": (_checks.metadata_response,),
+    },
+    on_success={
+        "CreateVolume": _checks.created,
+        "DeleteVolume": _checks.deleted,
+        "ControllerPublishVolume": _checks.controller_published,
+        "ControllerUnpublishVolume": _checks.controller_unpublished,
+        "NodeStageVolume": _checks.staged,
+        "NodeUnstageVolume": _checks.unstaged,
+        "NodePublishVolume": _checks.published,
+        "NodeUnpublishVolume": _checks.unpublished,
+    },
+)

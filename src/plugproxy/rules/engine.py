@@ -1,0 +1,586 @@
+"""The rule engine: spec tables compiled into checker functions at startup.
+
+A spec table (one module per spec in this package) is data: rule ids with their level,
+party and spec section, and per message type the fields each rule family applies to.
+Whatever the descriptors state (types, oneofs, repeated and map fields, nesting) is read
+from the descriptors. :func:`compile_table` turns a table into one checker per message
+type, a flat tuple of small closures; message types without any check get no checker and
+are never walked. Nothing is interpreted per call.
+
+proto3 cannot tell an unset scalar from its zero value: a REQUIRED string, bytes, map or
+repeated field is "missing" when empty, a REQUIRED enum when it holds 0 (UNKNOWN), a
+REQUIRED message when absent; REQUIRED bool and number fields are not checked unless the
+table says zero is impossible (``required_nonzero``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from plugproxy.api import Call, SpecInfo
+    from plugproxy.rules.state import SpecState
+
+MUST = "MUST"
+SHOULD = "SHOULD"
+CO = "co"
+PLUGIN = "plugin"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One checkable statement of a spec. ``section`` may contain ``{rpc}``."""
+
+    id: str
+    level: str  # MUST or SHOULD
+    parties: tuple[str, ...]  # who it judges: "co" (requests, call order), "plugin"
+    section: str
+    summary: str
+    reject_code: str = "INVALID_ARGUMENT"  # status an enforced request violation gets
+
+    def section_for(self, rpc: str) -> str:
+        return self.section.replace("{rpc}", rpc)
+
+
+@dataclass(slots=True)
+class Violation:
+    """One broken rule in one message or call. Messages never quote string values."""
+
+    rule: Rule
+    field: str
+    message: str
+    party: str = ""  # empty: taken from the direction (request -> co, response -> plugin)
+
+
+# (message name relative to the spec package, field name)
+FieldRef = tuple[str, str]
+
+# A method-level check: (table, state, call, request, response-or-None) -> violations.
+RequestCheck = Callable[["CompiledSpec", "SpecState", "Call", Any], Iterable[Violation]]
+ResponseCheck = Callable[["CompiledSpec", "SpecState", "Call", Any, Any], Iterable[Violation]]
+
+
+@dataclass(frozen=True)
+class SpecTable:
+    """The rules of one spec version, as data."""
+
+    spec: str  # "csi.v1"
+    family: str  # "csi" (rule id prefix)
+    title: str  # "CSI v1.12" (how sections are cited)
+    package: str  # "csi.v1"
+    rules: tuple[Rule, ...]
+    # Family 1: REQUIRED fields. Message -> field names; "oneof:<name>" for a oneof.
+    required: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    required_nonzero: frozenset[FieldRef] = frozenset()
+    # Family 2: size limits. None = no limit (the spec overrides the general one).
+    string_limit: int = 128
+    map_limit: int = 4096
+    size_overrides: Mapping[FieldRef, int | None] = field(default_factory=dict)
+    size_recommended: Mapping[FieldRef, int] = field(default_factory=dict)
+    repeated_total_limits: Mapping[FieldRef, int] = field(default_factory=dict)
+    # Family 3: formats.
+    plugin_name_fields: tuple[FieldRef, ...] = ()
+    name_fields: tuple[FieldRef, ...] = ()  # banned control characters
+    secret_maps: tuple[FieldRef, ...] = ()  # besides fields tagged with the secret option
+    non_negative: tuple[FieldRef, ...] = ()
+    # Family 4: error scheme. RPC name -> codes its error table lists.
+    error_codes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    general_codes: frozenset[str] = frozenset()
+    required_rpcs: frozenset[str] = frozenset()  # RPCs every plugin implements
+    # Family 5: capabilities. kind -> method path the proxy may ask itself.
+    capability_queries: Mapping[str, str] = field(default_factory=dict)
+    capability_responses: Mapping[str, str] = field(default_factory=dict)  # rpc -> kind
+    rpc_gates: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # rpc -> (kind, cap)
+    # RPC -> capability kinds the proxy should know (asking itself if need be) first.
+    capability_needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Families 5-7: method-level checks (functions of the table module).
+    request_checks: Mapping[str, tuple[RequestCheck, ...]] = field(default_factory=dict)
+    response_checks: Mapping[str, tuple[ResponseCheck, ...]] = field(default_factory=dict)
+    # Method-level bookkeeping after a successful call (call order state).
+    on_success: Mapping[str, Callable[[SpecState, Call, Any, Any], None]] = field(
+        default_factory=dict
+    )
+
+
+Op = Callable[[Any, str, list[Violation]], None]
+Checker = Callable[[Any, str, list[Violation]], None]
+
+
+@dataclass(frozen=True)
+class CompiledSpec:
+    """A table bound to its descriptors: rules by id and one checker per message type."""
+
+    table: SpecTable
+    spec: SpecInfo
+    rules: Mapping[str, Rule]
+    checkers: Mapping[str, Checker]  # full message name -> checker
+
+    def rule(self, suffix: str) -> Rule:
+        return self.rules[f"{self.table.family}.{suffix}"]
+
+    def check_message(self, message: Message) -> list[Violation]:
+        out: list[Violation] = []
+        checker = self.checkers.get(message.DESCRIPTOR.full_name)
+        if checker is not None:
+            checker(message, "", out)
+        return out
+
+
+# -- formats ----------------------------------------------------------------------------------
+
+# Plugin name: 63 characters or less, alphanumeric at both ends, dashes, dots and
+# alphanumerics between; domain name notation (no empty label, labels not starting or
+# ending with a dash).
+_NAME_CHARS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+_BANNED = re.compile("[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]")
+_SECRET_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_MAX = 63
+
+
+def plugin_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid plugin name, or None. Never quotes the name."""
+    if not name:
+        return None  # missing: the required-field rule reports it
+    if len(name) > NAME_MAX:
+        return f"is {len(name)} characters long; at most {NAME_MAX} allowed"
+    if not _NAME_CHARS.fullmatch(name):
+        return (
+            "must begin and end with an alphanumeric character and contain only"
+            " alphanumerics, '-' and '.' between"
+        )
+    for label in name.split("."):
+        if not label:
+            return "has an empty label ('..'); domain name notation needs labels"
+        if label[0] == "-" or label[-1] == "-":
+            return "has a label beginning or ending with '-'; domain name notation forbids it"
+    return None
+
+
+def banned_character_position(value: str) -> int | None:
+    m = _BANNED.search(value)
+    return None if m is None else m.start()
+
+
+def secret_key_ok(key: str) -> bool:
+    return _SECRET_KEY.fullmatch(key) is not None
+
+
+def utf8_len(value: str) -> int:
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+# -- compilation ------------------------------------------------------------------------------
+
+
+class TableError(ValueError):
+    """A table names a field or message its spec's descriptors do not have."""
+
+
+def _fd(desc: Descriptor, name: str, spec: str) -> FieldDescriptor:
+    fd = desc.fields_by_name.get(name)
+    if fd is None:
+        raise TableError(f"{spec}: {desc.full_name} has no field {name!r}")
+    return fd
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    mt = fd.message_type
+    return bool(fd.is_repeated and mt is not None and mt.GetOptions().map_entry)
+
+
+def _is_string_map(fd: FieldDescriptor) -> bool:
+    if not _is_map(fd):
+        return False
+    mt = fd.message_type
+    assert mt is not None
+    return bool(
+        mt.fields_by_name["key"].type == FieldDescriptor.TYPE_STRING
+        and mt.fields_by_name["value"].type == FieldDescriptor.TYPE_STRING
+    )
+
+
+def _required_op(fd: FieldDescriptor, rule: Rule, nonzero: bool) -> Op | None:
+    name = fd.name
+    if fd.is_repeated:
+        what = "map" if _is_map(fd) else "repeated field"
+
+        def need_elements(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if not len(getattr(msg, name)):
+                out.append(
+                    Violation(
+                        rule, prefix + name, f"{prefix}{name} is REQUIRED: the {what} is empty"
+                    )
+                )
+
+        return need_elements
+    t = fd.type
+    if t == FieldDescriptor.TYPE_MESSAGE:
+
+        def need_message(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if not msg.HasField(name):
+                out.append(Violation(rule, prefix + name, f"{prefix}{name} is REQUIRED but absent"))
+
+        return need_message
+    if t in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
+
+        def need_value(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if not getattr(msg, name):
+                out.append(Violation(rule, prefix + name, f"{prefix}{name} is REQUIRED but empty"))
+
+        return need_value
+    if t == FieldDescriptor.TYPE_ENUM or nonzero:
+        zero = "holds 0 (UNKNOWN)" if t == FieldDescriptor.TYPE_ENUM else "is 0"
+
+        def need_nonzero(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if not getattr(msg, name):
+                out.append(Violation(rule, prefix + name, f"{prefix}{name} is REQUIRED but {zero}"))
+
+        return need_nonzero
+    return None  # bool and numbers: proto3 cannot tell unset from zero
+
+
+def _oneof_op(desc: Descriptor, oneof: str, rule: Rule, spec: str) -> Op:
+    od = desc.oneofs_by_name.get(oneof)
+    if od is None:
+        raise TableError(f"{spec}: {desc.full_name} has no oneof {oneof!r}")
+    choices = " or ".join(f.name for f in od.fields)
+
+    def need_one(msg: Any, prefix: str, out: list[Violation]) -> None:
+        if msg.WhichOneof(oneof) is None:
+            out.append(
+                Violation(
+                    rule, prefix + oneof, f"{prefix}{oneof} is REQUIRED: set one of {choices}"
+                )
+            )
+
+    return need_one
+
+
+def _string_size_op(name: str, limit: int, rule: Rule, repeated: bool) -> Op:
+    quick = limit // 4  # a str of n characters has at most 4n UTF-8 bytes
+
+    def over(value: str) -> int:
+        if len(value) <= quick:
+            return 0
+        n = utf8_len(value)
+        return n if n > limit else 0
+
+    if repeated:
+
+        def each(msg: Any, prefix: str, out: list[Violation]) -> None:
+            for i, v in enumerate(getattr(msg, name)):
+                n = over(v)
+                if n:
+                    out.append(
+                        Violation(
+                            rule,
+                            f"{prefix}{name}[{i}]",
+                            f"{prefix}{name}[{i}] is {n} bytes; the limit is {limit} bytes",
+                        )
+                    )
+
+        return each
+
+    def one(msg: Any, prefix: str, out: list[Violation]) -> None:
+        n = over(getattr(msg, name))
+        if n:
+            out.append(
+                Violation(
+                    rule, prefix + name, f"{prefix}{name} is {n} bytes; the limit is {limit} bytes"
+                )
+            )
+
+    return one
+
+
+def _map_size_op(name: str, limit: int, rule: Rule) -> Op:
+    def total(msg: Any, prefix: str, out: list[Violation]) -> None:
+        m = getattr(msg, name)
+        if not m:
+            return
+        size = 0
+        for k, v in m.items():
+            size += len(k) + len(v)
+        if size * 4 <= limit:
+            return
+        size = sum(utf8_len(k) + utf8_len(v) for k, v in m.items())
+        if size > limit:
+            out.append(
+                Violation(
+                    rule,
+                    prefix + name,
+                    f"{prefix}{name} holds {size} bytes in {len(m)} entries; the limit is"
+                    f" {limit} bytes",
+                )
+            )
+
+    return total
+
+
+def _repeated_total_op(name: str, limit: int, rule: Rule) -> Op:
+    def total(msg: Any, prefix: str, out: list[Violation]) -> None:
+        values = getattr(msg, name)
+        if not values:
+            return
+        size = sum(utf8_len(v) for v in values)
+        if size > limit:
+            out.append(
+                Violation(
+                    rule,
+                    prefix + name,
+                    f"{prefix}{name} holds {size} bytes in {len(values)} entries; the limit is"
+                    f" {limit} bytes in total",
+                )
+            )
+
+    return total
+
+
+def _plugin_name_op(name: str, rule: Rule) -> Op:
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        problem = plugin_name_problem(getattr(msg, name))
+        if problem is not None:
+            out.append(Violation(rule, prefix + name, f"{prefix}{name} {problem}"))
+
+    return check
+
+
+def _banned_chars_op(name: str, rule: Rule) -> Op:
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        pos = banned_character_position(getattr(msg, name))
+        if pos is not None:
+            out.append(
+                Violation(
+                    rule,
+                    prefix + name,
+                    f"{prefix}{name} contains a banned control character at position {pos}",
+                )
+            )
+
+    return check
+
+
+def _secret_keys_op(name: str, rule: Rule) -> Op:
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        m = getattr(msg, name)
+        if not m:
+            return
+        bad = sum(1 for k in m if not secret_key_ok(k))
+        if bad:
+            out.append(
+                Violation(
+                    rule,
+                    prefix + name,
+                    f"{prefix}{name}: {bad} of {len(m)} keys are not made of alphanumerics,"
+                    " '-', '_' and '.'",
+                )
+            )
+
+    return check
+
+
+def _non_negative_op(fd: FieldDescriptor, rule: Rule) -> Op:
+    name = fd.name
+    if fd.type == FieldDescriptor.TYPE_MESSAGE:  # google.protobuf.Int64Value and friends
+
+        def wrapped(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if msg.HasField(name) and getattr(msg, name).value < 0:
+                out.append(Violation(rule, prefix + name, f"{prefix}{name} is negative"))
+
+        return wrapped
+
+    def plain(msg: Any, prefix: str, out: list[Violation]) -> None:
+        if getattr(msg, name) < 0:
+            out.append(Violation(rule, prefix + name, f"{prefix}{name} is negative"))
+
+    return plain
+
+
+def _nested_op(fd: FieldDescriptor, checker: Checker) -> Op:
+    name = fd.name
+    if _is_map(fd):
+
+        def map_values(msg: Any, prefix: str, out: list[Violation]) -> None:
+            for k, v in getattr(msg, name).items():
+                checker(v, f"{prefix}{name}[{len(str(k))}-char key].", out)
+
+        return map_values
+    if fd.is_repeated:
+
+        def each(msg: Any, prefix: str, out: list[Violation]) -> None:
+            for i, v in enumerate(getattr(msg, name)):
+                checker(v, f"{prefix}{name}[{i}].", out)
+
+        return each
+
+    def single(msg: Any, prefix: str, out: list[Violation]) -> None:
+        if msg.HasField(name):
+            checker(getattr(msg, name), f"{prefix}{name}.", out)
+
+    return single
+
+
+def _sequence(ops: tuple[Op, ...]) -> Checker:
+    if len(ops) == 1:
+        return ops[0]
+
+    def run(msg: Any, prefix: str, out: list[Violation]) -> None:
+        for op in ops:
+            op(msg, prefix, out)
+
+    return run
+
+
+class _Compiler:
+    def __init__(self, table: SpecTable, spec: SpecInfo, rules: Mapping[str, Rule]) -> None:
+        self.table = table
+        self.spec = spec
+        self.rules = rules
+        self.checkers: dict[str, Checker] = {}
+        self._done: dict[str, Checker | None] = {}
+        self._in_progress: set[str] = set()
+        self._plugin_names = self._refs(table.plugin_name_fields)
+        self._names = self._refs(table.name_fields)
+        self._secrets = self._refs(table.secret_maps)
+        self._non_negative = self._refs(table.non_negative)
+        self._nonzero = self._refs(table.required_nonzero)
+        self._overrides = {self._ref(r): v for r, v in table.size_overrides.items()}
+        self._recommended = {self._ref(r): v for r, v in table.size_recommended.items()}
+        self._totals = {self._ref(r): v for r, v in table.repeated_total_limits.items()}
+        self._required: dict[str, tuple[str, ...]] = {}
+        for msg_name, names in table.required.items():
+            desc = self._desc(msg_name)
+            for n in names:
+                if not n.startswith("oneof:"):
+                    _fd(desc, n, table.spec)
+            self._required[desc.full_name] = names
+
+    def _desc(self, msg_name: str) -> Descriptor:
+        try:
+            return self.spec.descriptor(f"{self.table.package}.{msg_name}")
+        except KeyError:
+            raise TableError(f"{self.table.spec}: no message {msg_name!r}") from None
+
+    def _ref(self, ref: FieldRef) -> tuple[str, str]:
+        desc = self._desc(ref[0])
+        _fd(desc, ref[1], self.table.spec)
+        return desc.full_name, ref[1]
+
+    def _refs(self, refs: Iterable[FieldRef]) -> frozenset[tuple[str, str]]:
+        return frozenset(self._ref(r) for r in refs)
+
+    def rule(self, suffix: str) -> Rule:
+        return self.rules[f"{self.table.family}.{suffix}"]
+
+    def compile(self, desc: Descriptor) -> Checker | None:
+        key = desc.full_name
+        if key in self._in_progress:
+            # A recursive type: call through the table once it is compiled.
+            checkers = self.checkers
+
+            def deferred(msg: Any, prefix: str, out: list[Violation]) -> None:
+                target = checkers.get(key)
+                if target is not None:
+                    target(msg, prefix, out)
+
+            return deferred
+        if key in self._done:
+            return self._done[key]
+        self._in_progress.add(key)
+        ops = self._ops(desc)
+        self._in_progress.discard(key)
+        checker = _sequence(tuple(ops)) if ops else None
+        self._done[key] = checker
+        if checker is not None:
+            self.checkers[key] = checker
+        return checker
+
+    def _ops(self, desc: Descriptor) -> list[Op]:
+        t = self.table
+        ops: list[Op] = []
+        key = desc.full_name
+        required = self._required.get(key, ())
+        req_rule = self.rule("required-field")
+        for name in required:
+            if name.startswith("oneof:"):
+                ops.append(_oneof_op(desc, name[6:], req_rule, t.spec))
+                continue
+            fd = desc.fields_by_name[name]
+            op = _required_op(fd, req_rule, (key, name) in self._nonzero)
+            if op is not None:
+                ops.append(op)
+        size_rule = self.rule("size-limit")
+        for fd in desc.fields:
+            ref = (key, fd.name)
+            if fd.type == FieldDescriptor.TYPE_STRING:
+                limit = self._overrides.get(ref, t.string_limit)
+                if ref in self._totals:
+                    ops.append(_repeated_total_op(fd.name, self._totals[ref], size_rule))
+                elif limit is not None:
+                    ops.append(_string_size_op(fd.name, limit, size_rule, fd.is_repeated))
+                if ref in self._recommended:
+                    ops.append(
+                        _string_size_op(
+                            fd.name,
+                            self._recommended[ref],
+                            self.rule("size-limit-recommended"),
+                            fd.is_repeated,
+                        )
+                    )
+                if ref in self._plugin_names:
+                    ops.append(_plugin_name_op(fd.name, self.rule("plugin-name-format")))
+                if ref in self._names:
+                    ops.append(_banned_chars_op(fd.name, self.rule("name-banned-characters")))
+            elif _is_string_map(fd):
+                limit = self._overrides.get(ref, t.map_limit)
+                if limit is not None:
+                    ops.append(_map_size_op(fd.name, limit, size_rule))
+                if ref in self._secrets or self.spec.is_secret_field(fd):
+                    ops.append(_secret_keys_op(fd.name, self.rule("secret-key-format")))
+            elif _is_map(fd) and (ref in self._secrets or self.spec.is_secret_field(fd)):
+                ops.append(_secret_keys_op(fd.name, self.rule("secret-key-format")))
+            if ref in self._non_negative:
+                ops.append(_non_negative_op(fd, self.rule("negative-value")))
+            if fd.type == FieldDescriptor.TYPE_MESSAGE:
+                target = fd.message_type
+                if target is not None and _is_map(fd):
+                    target = target.fields_by_name["value"].message_type
+                if target is None:
+                    continue
+                if target.file.package != t.package:
+                    continue  # google.protobuf well-known types carry no spec rules
+                nested = self.compile(target)
+                if nested is not None:
+                    ops.append(_nested_op(fd, nested))
+        return ops
+
+
+def compile_table(table: SpecTable, spec: SpecInfo) -> CompiledSpec:
+    """Bind ``table`` to ``spec``'s descriptors; TableError when they disagree."""
+    rules = {r.id: r for r in table.rules}
+    if len(rules) != len(table.rules):
+        raise TableError(f"{table.spec}: duplicate rule ids")
+    for r in table.rules:
+        if not r.id.startswith(table.family + "."):
+            raise TableError(f"{table.spec}: rule {r.id} lacks the {table.family}. prefix")
+    enum_values = {
+        value.name
+        for full_name in spec.message_classes
+        for enum in spec.descriptor(full_name).enum_types
+        for value in enum.values
+    }
+    for rpc, (_, cap) in table.rpc_gates.items():
+        if cap not in enum_values:
+            raise TableError(f"{table.spec}: {rpc} is gated by unknown capability {cap!r}")
+    compiler = _Compiler(table, spec, rules)
+    for full_name in spec.message_classes:
+        if full_name.startswith(table.package + "."):
+            compiler.compile(spec.descriptor(full_name))
+    return CompiledSpec(table=table, spec=spec, rules=rules, checkers=dict(compiler.checkers))

@@ -1,0 +1,75 @@
+"""What the validation stage remembers between calls: capabilities and volume lifecycles.
+
+Everything here is learned from calls seen on the wire and bounded in memory (cachetools
+TTL and LRU caches). Only what the proxy saw counts: a volume it never saw staged is not
+"unstaged", it is unknown, and unknown history is never a violation. All access happens on
+the event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache, TTLCache
+
+CAPABILITY_TTL = 300.0  # a plugin upgrade may change them; re-learn after five minutes
+QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the next
+
+
+@dataclass(slots=True)
+class VolumeState:
+    """What was seen of one volume id. ``None`` fields mean "never seen either way"."""
+
+    # Controller side: node ids the volume was ControllerPublished to and not unpublished.
+    controller_nodes: set[str] = field(default_factory=set)
+    # Node side (this proxy's node): staging paths staged and target paths published.
+    staged: set[str] = field(default_factory=set)
+    published: set[str] = field(default_factory=set)
+    # True once the proxy saw the volume created or unstaged: it is known not staged.
+    known_unstaged: bool = False
+    created_name: str = ""  # the CreateVolume name that returned this id, when seen
+
+
+class SpecState:
+    """Per-spec memory of one validation stage."""
+
+    def __init__(self, max_volumes: int = 100_000, capability_ttl: float = CAPABILITY_TTL):
+        self.capabilities: TTLCache[str, frozenset[str]] = TTLCache(16, capability_ttl)
+        self._query_failed: dict[str, float] = {}
+        self.volumes: LRUCache[str, VolumeState] = LRUCache(max_volumes)
+        # CreateVolume name -> (argument digest, volume id) of the last successful create.
+        self.creates: LRUCache[str, tuple[bytes, str]] = LRUCache(max_volumes)
+        self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
+
+    # -- capabilities ---------------------------------------------------------------------
+
+    def set_capabilities(self, kind: str, names: frozenset[str]) -> None:
+        self.capabilities[kind] = names
+        self._query_failed.pop(kind, None)
+
+    def known_capabilities(self, kind: str) -> frozenset[str] | None:
+        """The capabilities of ``kind`` seen recently, or None when unknown."""
+        return self.capabilities.get(kind)
+
+    def may_query(self, kind: str) -> bool:
+        failed = self._query_failed.get(kind)
+        return failed is None or time.monotonic() - failed > QUERY_RETRY
+
+    def query_failed(self, kind: str) -> None:
+        self._query_failed[kind] = time.monotonic()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def volume(self, volume_id: str) -> VolumeState:
+        state = self.volumes.get(volume_id)
+        if state is None:
+            state = VolumeState()
+            self.volumes[volume_id] = state
+        return state
+
+    def peek(self, volume_id: str) -> VolumeState | None:
+        return self.volumes.get(volume_id)
+
+    def forget(self, volume_id: str) -> None:
+        self.volumes.pop(volume_id, None)

@@ -1,0 +1,1 @@
+"""Pipeline stages, one module each; their order is in plugproxy.pipeline."""

@@ -1,0 +1,206 @@
+"""The call log: one structured line per call, request ids, and redacted payloads.
+
+Every call ends in one ``call`` line on stdout (through the shared :class:`plugproxy.log.Logger`,
+so ``--log-format`` and ``--log-level`` apply): request id, spec, method, resource keys,
+duration, the gRPC code and message the CO received, the serialization wait when the call
+queued, the rule ids of violations seen, and, for streaming calls, how many messages went
+each way. Calls a stage answered itself say ``rejected``.
+
+Request ids follow the gocsi convention: a ``csi.requestid`` sent by the CO is adopted,
+otherwise one is made (a per-process prefix and a counter). It is stored as
+``call.stage_state["request_id"]`` for the other stages and sent to the plugin in the same
+metadata key.
+
+``--log-payloads`` adds the request and response, rendered by :mod:`plugproxy.redact`: every
+sensitive field masked, each payload capped by ``--log-payload-max-bytes`` with a visible
+mark where rendering stopped. A streamed response is not logged message by message: the
+line gives the count and the first message. Any secret value of the request that shows up
+elsewhere (the plugin's error message, a non-secret field, a resource key) is masked in the
+line too; the CO still receives everything unchanged.
+
+Ordering: after tracing and metrics, before validation and serialization, so the request id
+exists when those refer to the call. Its ``on_finish`` runs after theirs, when violations and
+waits are recorded. Fails open: a logging problem never blocks a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from typing import Any
+
+from google.protobuf.message import Message
+
+from plugproxy import redact
+from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage
+from plugproxy.keys import keys_of
+from plugproxy.log import Logger
+from plugproxy.options import Option, byte_size
+
+REQUEST_ID_KEY = "csi.requestid"
+MAX_ADOPTED_ID = 128
+
+OPTIONS: list[Option] = [
+    Option(
+        "--call-log",
+        "one log line per call: all calls, only errors (non-OK or with violations), or off",
+        default="all",
+        choices=("all", "errors", "off"),
+    ),
+    Option(
+        "--log-payloads",
+        "add each call's request and response, redacted, to its log line",
+        default=False,
+        is_switch=True,
+    ),
+    Option(
+        "--log-payload-max-bytes",
+        "rendering of each logged payload stops at about this size (e.g. 16KiB)",
+        default=16 * 1024,
+        type=byte_size,
+        metavar="SIZE",
+    ),
+    *redact.OPTIONS,
+]
+
+_FIRST_REQUEST = "calllog.first_request"
+_FIRST_RESPONSE = "calllog.first_response"
+
+
+def _adoptable(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if not value or len(value) > MAX_ADOPTED_ID or not value.isprintable():
+        return None
+    return value
+
+
+class CallLogStage(Stage):
+    """Sets the request id; writes the call's line when it ends."""
+
+    name = "calllog"
+    fail_open = True
+
+    def __init__(
+        self,
+        logger: Logger,
+        redactor: redact.Redactor,
+        *,
+        errors_only: bool = False,
+        payload_max_bytes: int = 16 * 1024,
+    ) -> None:
+        self.logger = logger
+        self.redactor = redactor
+        self.errors_only = errors_only
+        self.payload_max_bytes = payload_max_bytes
+        self.log_payloads = False
+        self._prefix = os.urandom(3).hex()
+        self._counter = itertools.count(1)
+
+    def new_request_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
+    def on_start(self, call: Call) -> None:
+        request_id = _adoptable(call.metadata_value(REQUEST_ID_KEY)) or self.new_request_id()
+        call.stage_state["request_id"] = request_id
+        upstream = call.upstream_metadata
+        if not any(k == REQUEST_ID_KEY for k, _ in upstream):
+            upstream.append((REQUEST_ID_KEY, request_id))
+
+    def on_finish(self, call: Call) -> None:
+        violations: list[str] = []
+        for event in call.events:
+            if event.name == "violation":
+                rule = str(event.attributes.get("rule", ""))
+                if rule not in violations:
+                    violations.append(rule)
+        ok = call.code.value[0] == 0
+        if self.errors_only and ok and not violations:
+            return
+        if not self.logger.enabled("info"):
+            return
+        method = call.method
+        red = self.redactor
+        secrets = red.call_secrets(call)
+        keys = keys_of(call)
+        fields: dict[str, Any] = {
+            "request_id": call.stage_state.get("request_id", ""),
+            "spec": method.spec_name,
+            "method": method.path,
+            "keys": [red.mask_text(k, call) for k in keys] if secrets else list(keys),
+            "duration_ms": round(call.elapsed * 1000, 3),
+            "code": call.code.name,
+        }
+        if call.details:
+            fields["message"] = red.mask_text(call.details, call)
+        if call.rejected:
+            fields["rejected"] = True
+        wait = call.stage_state.get("serialize.wait_seconds")
+        if wait:
+            fields["serialize_wait_ms"] = round(float(wait) * 1000, 3)
+        if violations:
+            fields["violations"] = violations
+        if method.kind is not CallKind.UNARY_UNARY:
+            fields["request_count"] = call.request_count
+            fields["response_count"] = call.response_count
+        if self.log_payloads:
+            self._payloads(call, fields)
+        self.logger.info("call", **fields)
+
+    def _payloads(self, call: Call, fields: dict[str, Any]) -> None:
+        kind = call.method.kind
+        request = call.request if kind.unary_request else call.stage_state.get(_FIRST_REQUEST)
+        response = (
+            call.response if kind is CallKind.UNARY_UNARY else call.stage_state.get(_FIRST_RESPONSE)
+        )
+        first = "" if kind.unary_request else "first_"
+        self._payload(fields, first + "request", request, call)
+        first = "" if kind.unary_response else "first_"
+        self._payload(fields, first + "response", response, call)
+
+    def _payload(
+        self,
+        fields: dict[str, Any],
+        label: str,
+        lazy: LazyMessage | None,
+        call: Call,
+    ) -> None:
+        if lazy is None:
+            return
+        fields[label + "_bytes"] = len(lazy.raw)
+        message: Message | None = lazy.message
+        if message is None:
+            fields[label + "_error"] = lazy.decode_error or "message type unknown"
+            return
+        fields[label] = self.redactor.render_call(message, call, self.payload_max_bytes, lazy.raw)
+
+
+class PayloadCallLogStage(CallLogStage):
+    """The call log with ``--log-payloads``: keeps the first message of each stream."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log_payloads = True
+
+    def on_request(self, call: Call, message: LazyMessage) -> None:
+        call.stage_state.setdefault(_FIRST_REQUEST, message)
+
+    def on_response(self, call: Call, message: LazyMessage) -> None:
+        if call.method.kind is not CallKind.UNARY_UNARY:
+            call.stage_state.setdefault(_FIRST_RESPONSE, message)
+
+
+def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
+    mode = getattr(ns, "call_log", "all")
+    if mode == "off":
+        return None
+    redactor = redact.from_namespace(ns, tuple(runtime.registry.specs))
+    cls = PayloadCallLogStage if getattr(ns, "log_payloads", False) else CallLogStage
+    return cls(
+        runtime.logger,
+        redactor,
+        errors_only=mode == "errors",
+        payload_max_bytes=int(getattr(ns, "log_payload_max_bytes", 16 * 1024)),
+    )

@@ -1,0 +1,450 @@
+"""Validation: judge CO requests and plugin responses against the spec's rules at runtime.
+
+Ordering: fourth, after calllog (violations carry the call's request id) and before
+serialize (a rejected request never waits for a volume lock).
+
+Modes (``--validation``, per rule ``--rule ID=MODE``):
+
+- ``audit`` (default): calls pass untouched; each violation is logged, counted
+  (``plugproxy_violations_total`` and ``GET /violations``) and added as a call event.
+- ``enforce``: a request breaking a MUST rule is answered by the proxy itself and never
+  reaches the plugin (INVALID_ARGUMENT, or FAILED_PRECONDITION for capability and call
+  order cases). Responses are never altered or blocked, only audited.
+- ``off``: the stage is not built at all.
+
+The rules are data (:mod:`plugproxy.rules`), compiled per message type at startup. The stage
+is fail-closed: an exception in a request check ends the call with INTERNAL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from prometheus_client import Counter
+
+from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
+from plugproxy.endpoints import ConfigError
+from plugproxy.options import Option
+from plugproxy.rules import TABLES, all_rules
+from plugproxy.rules.csi_common import capability_names
+from plugproxy.rules.engine import (
+    CO,
+    MUST,
+    PLUGIN,
+    CompiledSpec,
+    Rule,
+    Violation,
+    compile_table,
+)
+from plugproxy.rules.state import SpecState
+
+OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
+MODES = (OFF, AUDIT, ENFORCE)
+
+OPTIONS: list[Option] = [
+    Option(
+        "--validation",
+        "judge calls against the spec: off, audit (log and count) or enforce (also reject"
+        " bad requests)",
+        default=AUDIT,
+        choices=MODES,
+    ),
+    Option(
+        "--rule",
+        "mode of one rule, overriding --validation (e.g. csi.size-limit=off)",
+        repeatable=True,
+        metavar="ID=MODE",
+    ),
+    Option(
+        "--capability-query-timeout",
+        "longest wait when the proxy asks the plugin for its capabilities itself (seconds)",
+        default=1.0,
+        type=float,
+        metavar="SECONDS",
+    ),
+]
+
+# Our own statuses and the caller's cancellations are not the plugin's answers.
+_NOT_JUDGED = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED})
+DETAILS_KEY = "grpc-status-details-bin"
+
+
+def parse_rule_modes(items: Iterable[str], known: dict[str, Rule]) -> dict[str, str]:
+    """'ID=MODE' items -> {rule id: mode}; ConfigError naming the first bad item."""
+    out: dict[str, str] = {}
+    for item in items:
+        rule_id, sep, mode = item.partition("=")
+        rule_id, mode = rule_id.strip(), mode.strip().lower()
+        if not sep or not rule_id:
+            raise ConfigError(f"--rule {item!r}: expected ID=off|audit|enforce")
+        if mode not in MODES:
+            raise ConfigError(f"--rule {item!r}: mode must be off, audit or enforce")
+        if rule_id not in known:
+            raise ConfigError(
+                f"--rule {item!r}: unknown rule id {rule_id!r} (see docs/rules.md for the list)"
+            )
+        out[rule_id] = mode
+    return out
+
+
+class ViolationReport:
+    """Counts per (rule, method, party) for GET /violations; read from the admin thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def add(
+        self, spec: str, rule: Rule, method: str, party: str, section: str, message: str
+    ) -> None:
+        key = (rule.id, method, party)
+        now = time.time()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = {
+                    "rule": rule.id,
+                    "method": method,
+                    "party": party,
+                    "spec": spec,
+                    "level": rule.level,
+                    "section": section,
+                    "count": 0,
+                }
+                self._entries[key] = entry
+            entry["count"] += 1
+            entry["last_message"] = message
+            entry["last_seen"] = now
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            entries = [dict(e) for e in self._entries.values()]
+        entries.sort(key=lambda e: (-e["count"], e["rule"], e["method"]))
+        for e in entries:
+            e["last_seen"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e["last_seen"]))
+        return entries
+
+    def handler(self) -> tuple[int, str, bytes]:
+        entries = self.snapshot()
+        body = {"total": sum(e["count"] for e in entries), "violations": entries}
+        return 200, "application/json", json.dumps(body, indent=1).encode() + b"\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Everything one method's calls need, resolved at startup."""
+
+    spec: CompiledSpec
+    state: SpecState
+    rpc: str
+    request_checker: Any
+    response_checker: Any
+    request_checks: tuple[Any, ...]
+    response_checks: tuple[Any, ...]
+    on_success: Any
+    gate: tuple[str, str] | None
+    needs: tuple[str, ...]  # capability kinds to know before the request checks
+    capability_kind: str | None  # this RPC's response lists capabilities of that kind
+    error_codes: frozenset[str] | None
+    required_rpc: bool
+    malformed: Rule
+
+
+class ValidateStage(Stage):
+    name = "validate"
+    fail_open = False
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        mode: str,
+        rule_modes: dict[str, str],
+        query_timeout: float = 1.0,
+    ) -> None:
+        self.runtime = runtime
+        self.logger = runtime.logger
+        self.upstream = runtime.upstream
+        self.query_timeout = query_timeout
+        self.report = ViolationReport()
+        known = all_rules()
+        self.modes: dict[str, str] = {rid: rule_modes.get(rid, mode) for rid in known}
+        self.counter: Any = None
+        if runtime.metrics is not None:
+            self.counter = Counter(
+                "plugproxy_violations",
+                "Spec rule violations seen, by spec, rule, level, party and method",
+                ["spec", "rule", "level", "party", "method"],
+                registry=runtime.metrics,
+            )
+        runtime.admin_routes["/violations"] = self.report.handler
+        self._queries: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._plans: dict[str, _Plan] = {}
+        specs = getattr(runtime.registry, "specs", {})
+        for spec_name, spec in specs.items():
+            table = TABLES.get(spec_name)
+            if table is None:
+                continue
+            compiled = compile_table(table, spec)
+            state = SpecState()
+            for method in runtime.registry.methods(spec_name):
+                self._plans[method.path] = self._plan(compiled, state, method)
+
+    def _plan(self, cs: CompiledSpec, state: SpecState, method: MethodInfo) -> _Plan:
+        t = cs.table
+        rpc = method.name
+        assert method.request_class is not None and method.response_class is not None
+        gate = t.rpc_gates.get(rpc)
+        needs = list(t.capability_needs.get(rpc, ()))
+        if gate is not None and gate[0] not in needs:
+            needs.insert(0, gate[0])
+        return _Plan(
+            spec=cs,
+            state=state,
+            rpc=rpc,
+            request_checker=cs.checkers.get(method.request_class.DESCRIPTOR.full_name),
+            response_checker=cs.checkers.get(method.response_class.DESCRIPTOR.full_name),
+            request_checks=t.request_checks.get(rpc, ()),
+            response_checks=t.response_checks.get(rpc, ()),
+            on_success=t.on_success.get(rpc),
+            gate=gate,
+            needs=tuple(k for k in needs if k in t.capability_queries),
+            capability_kind=t.capability_responses.get(rpc),
+            error_codes=t.error_codes.get(rpc),
+            required_rpc=rpc in t.required_rpcs,
+            malformed=cs.rule("malformed-message"),
+        )
+
+    def wants(self, method: MethodInfo) -> bool:
+        return method.path in self._plans
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def on_start(self, call: Call) -> None:
+        plan = self._plans[call.method.path]
+        if call.request is None:
+            return  # client-streaming: judged message by message in on_request
+        if plan.needs:
+            await self._learn_capabilities(plan, call)
+        self._judge_request(plan, call, call.request)
+
+    def on_request(self, call: Call, message: LazyMessage) -> None:
+        self._judge_request(self._plans[call.method.path], call, message)
+
+    def _judge_request(self, plan: _Plan, call: Call, lazy: LazyMessage) -> None:
+        req = lazy.message
+        if req is None:
+            error = lazy.decode_error or "cannot decode the request"
+            v = Violation(plan.malformed, "", error, CO)
+            self._record(plan, call, (v,), CO)
+            if self.modes[plan.malformed.id] == ENFORCE:
+                raise Reject(grpc.StatusCode.INVALID_ARGUMENT, f"plugproxy: {error}")
+            return
+        out: list[Violation] = []
+        if plan.request_checker is not None:
+            plan.request_checker(req, "", out)
+        st = plan.state
+        if plan.gate is not None:
+            kind, cap = plan.gate
+            caps = st.known_capabilities(kind)
+            if caps is not None and cap not in caps:
+                out.append(
+                    Violation(
+                        plan.spec.rule("capability-not-advertised"),
+                        "",
+                        f"{plan.rpc} called but the plugin does not advertise the {kind}"
+                        f" capability {cap}",
+                    )
+                )
+        for check in plan.request_checks:
+            out.extend(check(plan.spec, st, call, req))
+        if out:
+            self._record(plan, call, out, CO)
+            self._maybe_reject(out)
+
+    def _maybe_reject(self, violations: list[Violation]) -> None:
+        enforced = [
+            v for v in violations if v.rule.level == MUST and self.modes[v.rule.id] == ENFORCE
+        ]
+        if not enforced:
+            return
+        first = enforced[0]
+        more = f" (and {len(enforced) - 1} more)" if len(enforced) > 1 else ""
+        code = grpc.StatusCode[first.rule.reject_code]
+        raise Reject(code, f"plugproxy: {first.rule.id}: {first.message}{more}")
+
+    async def _learn_capabilities(self, plan: _Plan, call: Call) -> None:
+        """Ask the plugin once for capabilities never seen; bounded wait, fail open."""
+        st = plan.state
+        for kind in plan.needs:
+            if st.known_capabilities(kind) is not None or not st.may_query(kind):
+                continue
+            path = plan.spec.table.capability_queries[kind]
+            key = (plan.spec.table.spec, kind)
+            task = self._queries.get(key)
+            if task is None or task.done():
+                task = asyncio.ensure_future(self._query(plan, kind, path))
+                self._queries[key] = task
+            remaining = call.remaining_timeout()
+            wait = (
+                self.query_timeout if remaining is None else min(self.query_timeout, remaining / 2)
+            )
+            try:
+                await asyncio.wait_for(asyncio.shield(task), max(wait, 0.0))
+            except TimeoutError:
+                continue
+
+    async def _query(self, plan: _Plan, kind: str, path: str) -> None:
+        st = plan.state
+        try:
+            raw = await self.upstream.unary(path, b"", self.query_timeout * 5)
+            cls = plan.spec.spec.message_class(
+                self.runtime.registry.lookup(path).response_class.DESCRIPTOR.full_name
+            )
+            st.set_capabilities(kind, capability_names(cls.FromString(raw)))
+        except Exception as exc:  # the plugin may not serve that service at all
+            st.query_failed(kind)
+            self.logger.debug("capability query failed", method=path, error=type(exc).__name__)
+
+    # -- responses ------------------------------------------------------------------------
+
+    def on_response(self, call: Call, message: LazyMessage) -> None:
+        plan = self._plans[call.method.path]
+        resp = message.message
+        if resp is None:
+            error = message.decode_error or "cannot decode the response"
+            self._record(plan, call, (Violation(plan.malformed, "", error, PLUGIN),), PLUGIN)
+            return
+        out: list[Violation] = []
+        if plan.response_checker is not None:
+            plan.response_checker(resp, "", out)
+        if plan.capability_kind is not None:
+            plan.state.set_capabilities(plan.capability_kind, capability_names(resp))
+        if plan.response_checks:
+            req = call.request.message if call.request is not None else None
+            if req is not None:
+                for check in plan.response_checks:
+                    out.extend(check(plan.spec, plan.state, call, req, resp))
+        if out:
+            self._record(plan, call, out, PLUGIN)
+
+    def on_finish(self, call: Call) -> None:
+        if call.rejected:
+            return
+        plan = self._plans[call.method.path]
+        code = call.code
+        if code is grpc.StatusCode.OK:
+            if plan.on_success is not None and call.request is not None:
+                req = call.request.message
+                if req is not None:
+                    resp = call.response.message if call.response is not None else None
+                    plan.on_success(plan.state, call, req, resp)
+            return
+        if code in _NOT_JUDGED or call.details.startswith("plugproxy: "):
+            return
+        self._judge_error(plan, call)
+
+    def _judge_error(self, plan: _Plan, call: Call) -> None:
+        cs = plan.spec
+        code = call.code
+        out: list[Violation] = []
+        if not call.details:
+            out.append(
+                Violation(
+                    cs.rule("error-message-empty"), "", f"{code.name} status with an empty message"
+                )
+            )
+        details = sum(len(v) for k, v in call.trailing_metadata if k == DETAILS_KEY and v)
+        if details:
+            out.append(
+                Violation(
+                    cs.rule("status-details-nonempty"),
+                    "",
+                    f"{code.name} status carries {details} bytes of status details",
+                )
+            )
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            why = None
+            if plan.required_rpc:
+                why = "an RPC every plugin implements"
+            elif plan.gate is not None:
+                caps = plan.state.known_capabilities(plan.gate[0])
+                if caps is not None and plan.gate[1] in caps:
+                    why = f"the plugin advertises {plan.gate[1]}"
+            if why is not None:
+                out.append(
+                    Violation(
+                        cs.rule("unimplemented-advertised"),
+                        "",
+                        f"{plan.rpc} answered UNIMPLEMENTED but it is {why}",
+                    )
+                )
+        elif plan.error_codes is not None:
+            name = code.name
+            if name not in plan.error_codes and name not in cs.table.general_codes:
+                out.append(
+                    Violation(
+                        cs.rule("error-code-unexpected"),
+                        "",
+                        f"{plan.rpc} answered {name}, which is not in its error table nor a"
+                        " general error code",
+                    )
+                )
+        if out:
+            self._record(plan, call, out, PLUGIN)
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _record(self, plan: _Plan, call: Call, violations: Iterable[Violation], party: str) -> None:
+        spec = plan.spec.table.spec
+        method = call.method.path
+        request_id = call.stage_state.get("request_id")
+        for v in violations:
+            rule = v.rule
+            if self.modes[rule.id] == OFF:
+                continue
+            who = v.party or party
+            section = rule.section_for(plan.rpc)
+            call.add_event(
+                "violation",
+                rule=rule.id,
+                level=rule.level,
+                party=who,
+                field=v.field,
+                section=section,
+                message=v.message,
+            )
+            # "level" is the log line's own severity; the rule's level is "rule_level".
+            fields: dict[str, Any] = {
+                "rule": rule.id,
+                "rule_level": rule.level,
+                "party": who,
+                "method": method,
+                "field": v.field,
+                "section": section,
+                "message": v.message,
+            }
+            if request_id:
+                fields["request_id"] = request_id
+            self.logger.warning("violation", **fields)
+            self.report.add(spec, rule, method, who, section, v.message)
+            if self.counter is not None:
+                self.counter.labels(spec, rule.id, rule.level, who, method).inc()
+
+
+def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
+    mode = getattr(ns, "validation", AUDIT)
+    rule_modes = parse_rule_modes(getattr(ns, "rule", None) or (), all_rules())
+    if mode == OFF and all(m == OFF for m in rule_modes.values()):
+        return None
+    timeout = float(getattr(ns, "capability_query_timeout", 1.0))
+    if timeout <= 0:
+        raise ConfigError("--capability-query-timeout must be positive")
+    return ValidateStage(runtime, mode, rule_modes, timeout)

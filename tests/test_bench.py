@@ -1,0 +1,97 @@
+"""Smoke run of the benchmark harness (bench/run.py) with tiny counts: no timing asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from plugproxy.registry import load_spec
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_report(report: dict[str, Any], out: Path, targets: set[str]) -> None:
+    rows = report["summary"]["rows"]
+    assert set(rows) == targets | {"direct"}
+    for name, by_streams in report["throughput"].items():
+        for streams, runs in by_streams.items():
+            for run in runs:
+                assert run["calls"] > 0, (name, streams)
+                assert run["errors"] == 0, (name, streams, run["first_error"])
+    for name, big in report["big_calls"].items():
+        assert big["list_volumes"]["errors"] == 0, name
+        assert big["list_volumes"]["bytes"] > 0, name
+        # Every streamed message crossed: 2000 blocks at 1000 per message.
+        assert big["metadata"]["messages"] == 2 * big["metadata"]["calls"], name
+        assert big["companion"]["calls"] > 0, name
+    for name in targets - {"direct"}:
+        assert rows[name]["1"]["target_cpu_us_per_call"] > 0, name
+        assert rows[name]["1"]["rss_bytes"] > 0, name
+    saved = sorted(out.glob("*-smoke.json"))
+    assert len(saved) == 1
+    assert json.loads(saved[0].read_text())["mode"] == "smoke"
+    table = next(out.glob("*-smoke.md")).read_text()
+    assert "| passthrough | 16 |" in table
+
+
+def test_payloads_are_spec_messages() -> None:
+    payloads = _load("payloads")
+    spec = load_spec("csi.v1")
+    cls = spec.message_class("csi.v1.ListVolumesResponse")
+    listed = cls.FromString(payloads.list_volumes_response(25))
+    assert len(listed.entries) == 25
+    assert listed.entries[3].volume.volume_id == "pvc-00000003"
+    stream = payloads.metadata_allocated_stream(2500)
+    blocks = spec.message_class("csi.v1.GetMetadataAllocatedResponse")
+    assert [len(blocks.FromString(m).block_metadata) for m in stream] == [1000, 1000, 500]
+
+
+def test_smoke_run_python_tools(tmp_path: Path) -> None:
+    run = _load("run")
+    report = run.main(
+        [
+            "--smoke",
+            "--loadgen=python",
+            "--plugin=python",
+            "--targets=passthrough,full",
+            f"--out={tmp_path}",
+        ]
+    )
+    assert report["tools"] == {"loadgen": "python", "plugin": "python"}
+    _check_report(report, tmp_path, {"passthrough", "full"})
+    # Passthrough turns every stage off; full turns none off.
+    assert "off" not in report["flags"]["full"]
+    passthrough = report["flags"]["passthrough"]
+    for flag in ("--serialize", "--call-log"):
+        if flag in passthrough:
+            assert passthrough[passthrough.index(flag) + 1] == "off"
+
+
+@pytest.mark.skipif(
+    shutil.which("go") is None or not Path("/usr/share/gocode/src/google.golang.org/grpc").is_dir(),
+    reason="needs Go and Debian's golang-google-grpc-dev",
+)
+def test_smoke_run_go_tools(tmp_path: Path) -> None:
+    run = _load("run")
+    report = run.main(
+        ["--smoke", "--loadgen=go", "--plugin=go", "--targets=passthrough", f"--out={tmp_path}"]
+    )
+    assert report["tools"] == {"loadgen": "go", "plugin": "go"}
+    _check_report(report, tmp_path, {"passthrough"})

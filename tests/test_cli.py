@@ -1,0 +1,127 @@
+"""The command line as a user meets it: one-line errors, env twins, SIGTERM drain (subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from tests.support import ECHO, channel, start_recorder, wait_until
+
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PLUGPROXY_")}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plugproxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**CLEAN_ENV, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["serve", "--listen", "bogus://x", "--upstream", "unix:///tmp/p.sock"], {}, "unsupported scheme"),
+        (["serve", "--listen", "unix:///no/such/dir/csi.sock", "--upstream", "unix:///tmp/p.sock"], {}, "does not exist"),
+        (["serve", "--listen", "unix:///tmp/a.sock", "--upstream", "tcp://host"], {}, "missing port"),
+        (["serve", "--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/p.sock", "--spec", "csi.v9"], {}, "invalid choice"),
+        (["serve", "--upstream", "unix:///tmp/p.sock"], {}, "--listen is required"),
+        (["serve", "--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/p.sock", "--max-message-bytes", "lots"], {}, "not a size"),
+        (["serve"], {"PLUGPROXY_LISTEN": "unix:///tmp/a.sock", "PLUGPROXY_UPSTREAM": "unix:///tmp/p.sock", "PLUGPROXY_SHUTDOWN_GRACE": "soon"}, "PLUGPROXY_SHUTDOWN_GRACE"),
+        (["serve", "--listen", "unix:///tmp/same.sock", "--upstream", "unix:///tmp/same.sock"], {}, "same socket"),
+    ],
+)  # fmt: skip
+def test_misconfiguration_fails_fast_with_one_line(args, env, expected):
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+    assert lines[0].startswith("plugproxy: error:")
+
+
+def test_help_lists_env_twins():
+    result = run_cli("serve", "--help")
+    assert result.returncode == 0
+    assert "PLUGPROXY_LISTEN" in result.stdout
+    assert "PLUGPROXY_MAX_MESSAGE_BYTES" in result.stdout
+
+
+async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "csi.sock")
+    server, plugin = await start_recorder(upstream)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "plugproxy",
+        "serve",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={
+            **CLEAN_ENV,
+            "PLUGPROXY_LISTEN": f"unix://{listen}",
+            "PLUGPROXY_UPSTREAM": f"unix://{upstream}",
+            "PLUGPROXY_ADMIN_LISTEN": "off",
+            "PLUGPROXY_SHUTDOWN_GRACE": "10s",
+        },
+    )
+    try:
+        await wait_until(lambda: os.path.exists(listen), timeout=15)
+        async with channel(listen) as ch:
+            calls = [
+                asyncio.ensure_future(ch.unary_unary(ECHO + "Slow")(b"1.5", timeout=20))
+                for _ in range(3)
+            ]
+            await wait_until(lambda: len(plugin.seen) == 3, timeout=10)
+            proc.send_signal(signal.SIGTERM)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        assert results == [b"slow-done"] * 3
+        code = await asyncio.wait_for(proc.wait(), 15)
+        out = (await proc.stdout.read()).decode()
+        assert code == 0
+        assert "shutting down" in out and "SIGTERM" in out
+        assert not os.path.exists(listen)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await server.stop(0)
+
+
+async def test_new_calls_are_refused_while_draining(tmp_path):
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "csi.sock")
+    server, plugin = await start_recorder(upstream)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plugproxy", "serve",
+        "--listen", f"unix://{listen}", "--upstream", f"unix://{upstream}",
+        "--admin-listen", "off", "--shutdown-grace", "5s",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, env=CLEAN_ENV,
+    )  # fmt: skip
+    try:
+        await wait_until(lambda: os.path.exists(listen), timeout=15)
+        async with channel(listen) as ch:
+            slow = asyncio.ensure_future(ch.unary_unary(ECHO + "Slow")(b"1.5", timeout=20))
+            await wait_until(lambda: len(plugin.seen) == 1, timeout=10)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await ch.unary_unary(ECHO + "Unary")(b"late", timeout=3)
+            assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert await slow == b"slow-done"
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await server.stop(0)

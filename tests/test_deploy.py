@@ -1,0 +1,408 @@
+"""The Kubernetes manifests in deploy/: valid objects, settings the CLI accepts, sockets,
+ports and paths that line up between containers, and a locked-down proxy container.
+
+Everything runs offline: kubernetes-validate bundles the API schemas.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import pathlib
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import trustme
+import yaml
+
+from plugproxy import options, serve
+from plugproxy.endpoints import Scheme, parse_endpoint
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+# Kubernetes version the manifests must be valid for (oldest supported release we target).
+K8S_VERSION = "1.30"
+# Prometheus rule groups are a CRD kind and belong to the observability set, not here.
+NOT_WORKLOADS = {"prometheus-alerts.yaml"}
+EXPECTED = {
+    "csi-node.yaml",
+    "csi-controller.yaml",
+    "csi-node-remote.yaml",
+    "cosi-provisioner.yaml",
+    "cmi-plugin.yaml",
+}
+# How the other containers name a plugin endpoint: CSI sidecar flags and the specs' env vars.
+ENDPOINT_FLAGS = ("--csi-address", "--endpoint")
+ENDPOINT_ENV = ("CSI_ENDPOINT", "COSI_ENDPOINT", "CMI_ENDPOINT")
+ARG_VAR = re.compile(r"\$\((\w+)\)")
+SHELL_VAR = re.compile(r"\$\{?(\w+)\}?")
+
+
+def manifest_files() -> list[pathlib.Path]:
+    return sorted(p for p in DEPLOY.glob("*.yaml") if p.name not in NOT_WORKLOADS)
+
+
+def load(path: pathlib.Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+
+
+@dataclass
+class Workload:
+    file: str
+    name: str
+    pod: dict[str, Any]
+    annotations: dict[str, str]
+
+    @property
+    def containers(self) -> list[dict[str, Any]]:
+        return list(self.pod["containers"])
+
+    @property
+    def proxy(self) -> dict[str, Any]:
+        found = [c for c in self.containers if is_proxy(c)]
+        assert len(found) == 1, f"{self.file}: expected one plugproxy container"
+        return found[0]
+
+    def volume(self, name: str) -> dict[str, Any]:
+        return next(v for v in self.pod["volumes"] if v["name"] == name)
+
+
+def is_proxy(container: dict[str, Any]) -> bool:
+    return "/plugproxy:" in container["image"] and container.get("args", ["serve"])[:1] == ["serve"]
+
+
+def workloads() -> Iterator[Workload]:
+    for path in manifest_files():
+        for doc in load(path):
+            if doc["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
+                template = doc["spec"]["template"]
+                yield Workload(
+                    path.name,
+                    doc["metadata"]["name"],
+                    template["spec"],
+                    template["metadata"].get("annotations", {}),
+                )
+
+
+WORKLOADS = list(workloads())
+WORKLOAD_IDS = [w.file for w in WORKLOADS]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def proxy_env(w: Workload) -> dict[str, str]:
+    return {k: v for k, v in env_of(w.proxy).items() if k.startswith(options.ENV_PREFIX)}
+
+
+def command_words(container: dict[str, Any]) -> list[str]:
+    """Command and args with $(VAR) expanded as kubelet does, and shell $VAR in `sh -c`."""
+    env = env_of(container)
+    words = []
+    for raw in [*container.get("command", []), *container.get("args", [])]:
+        word = ARG_VAR.sub(lambda m: env.get(m[1], m[0]), raw)
+        if container.get("command", [])[:2] == ["/bin/sh", "-c"]:
+            words += SHELL_VAR.sub(lambda m: env.get(m[1], m[0]), word).replace('"', "").split()
+        else:
+            words.append(word)
+    return words
+
+
+def endpoints_named(container: dict[str, Any]) -> list[str]:
+    """The plugin addresses a non-proxy container is configured with."""
+    found = [v for k, v in env_of(container).items() if k in ENDPOINT_ENV]
+    for word in command_words(container):
+        flag, sep, value = word.partition("=")
+        if sep and flag in ENDPOINT_FLAGS:
+            found.append(value)
+    return sorted(set(found))
+
+
+def location(container: dict[str, Any], address: str) -> tuple[str, str]:
+    """(volume name, path inside it) of a UNIX socket address as seen in `container`."""
+    path = parse_endpoint(address).path
+    best: tuple[str, str] | None = None
+    best_len = -1
+    for mount in container.get("volumeMounts", []):
+        base = mount["mountPath"].rstrip("/")
+        if (path == base or path.startswith(base + "/")) and len(base) > best_len:
+            assert "subPath" not in mount, f"{container['name']}: socket under a subPath mount"
+            best, best_len = (mount["name"], posixpath.relpath(path, base)), len(base)
+    assert best is not None, f"{container['name']}: {address} is on no mounted volume"
+    return best
+
+
+def mounters(w: Workload, volume: str) -> set[str]:
+    return {
+        c["name"]
+        for c in w.containers
+        if any(m["name"] == volume for m in c.get("volumeMounts", []))
+    }
+
+
+# ------------------------------------------------------------------------------ structure
+
+
+def test_every_deployment_shape_is_shipped() -> None:
+    assert {p.name for p in manifest_files()} >= EXPECTED
+    assert {w.file for w in WORKLOADS} >= EXPECTED
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=lambda p: p.name)
+def test_manifest_is_commented_and_validates_against_the_kubernetes_schema(
+    path: pathlib.Path,
+) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("#"), f"{path.name}: open with a comment saying what it deploys"
+    docs = load(path)
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_catches_a_misspelt_field() -> None:
+    doc = copy.deepcopy(load(DEPLOY / "csi-node.yaml")[0])
+    doc["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_proxy_is_configured_only_by_known_environment_variables(w: Workload) -> None:
+    known = {opt.env for opt in serve.all_options()}
+    assert w.proxy.get("args") == ["serve"], "settings go in PLUGPROXY_* variables, not flags"
+    assert "command" not in w.proxy, "keep the image's entrypoint"
+    names = [e["name"] for e in w.proxy["env"]]
+    assert len(names) == len(set(names)), "a variable is set twice"
+    unknown = sorted(n for n in names if n.startswith(options.ENV_PREFIX) and n not in known)
+    assert not unknown, f"not options of `plugproxy serve`: {unknown}"
+    for container in w.containers:
+        if not is_proxy(container):
+            stray = [k for k in env_of(container) if k.startswith(options.ENV_PREFIX)]
+            assert not stray, f"{container['name']} sets {stray}"
+
+
+def materialize_tls_files(env: dict[str, str], tmp: pathlib.Path) -> dict[str, str]:
+    """Point the TLS paths at real files under tmp: only file existence is not checked."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("node.example.com")
+    contents = {
+        "PLUGPROXY_TLS_CA": ca.cert_pem.bytes(),
+        "PLUGPROXY_TLS_CERT": b"".join(blob.bytes() for blob in cert.cert_chain_pems),
+        "PLUGPROXY_TLS_KEY": cert.private_key_pem.bytes(),
+    }
+    env = dict(env)
+    for name, data in contents.items():
+        if name in env:
+            target = tmp / env[name].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            env[name] = str(target)
+    return env
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_every_value_is_accepted_by_the_cli(w: Workload, tmp_path: pathlib.Path) -> None:
+    env = materialize_tls_files(proxy_env(w), tmp_path)
+    ns = serve.parse_args([], environ=env)
+    settings = serve.check_settings(ns)
+    # The parsed values are the manifest's, not defaults.
+    assert settings.listen.url == env["PLUGPROXY_LISTEN"]
+    assert settings.upstream.url == env["PLUGPROXY_UPSTREAM"]
+    for opt in serve.all_options():
+        if opt.env in env and not opt.is_switch and not opt.repeatable:
+            assert getattr(ns, opt.dest) == opt.type(env[opt.env]), opt.env
+
+
+def test_a_bad_value_in_a_manifest_would_be_caught() -> None:
+    env = {**proxy_env(WORKLOADS[0]), "PLUGPROXY_MAX_MESSAGE_BYTES": "lots"}
+    with pytest.raises(Exception, match="PLUGPROXY_MAX_MESSAGE_BYTES"):
+        serve.parse_args([], environ=env)
+
+
+# ------------------------------------------------------------------------------ ports
+
+
+def admin_address(w: Workload) -> tuple[str, int]:
+    raw = proxy_env(w).get("PLUGPROXY_ADMIN_LISTEN")
+    assert raw, "set PLUGPROXY_ADMIN_LISTEN explicitly: probes depend on it"
+    host, _, port = raw.rpartition(":")
+    return host, int(port)
+
+
+def resolve_port(container: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    named = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == port]
+    assert named, f"{container['name']}: no port named {port}"
+    return int(named[0])
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_probes_and_scrape_use_the_admin_port(w: Workload) -> None:
+    host, port = admin_address(w)
+    # kubelet probes and Prometheus come from outside the pod: loopback would fail them.
+    assert not ipaddress.ip_address(host).is_loopback
+    proxy = w.proxy
+    live, ready = proxy["livenessProbe"]["httpGet"], proxy["readinessProbe"]["httpGet"]
+    assert live["path"] == "/healthz"
+    assert ready["path"] == "/readyz"
+    assert resolve_port(proxy, live["port"]) == port
+    assert resolve_port(proxy, ready["port"]) == port
+    assert w.annotations["prometheus.io/scrape"] == "true"
+    assert int(w.annotations["prometheus.io/port"]) == port
+    assert w.annotations["prometheus.io/path"] == "/metrics"
+    for container in w.containers:
+        if container is not proxy:
+            used = {p["containerPort"] for p in container.get("ports", [])}
+            assert port not in used, f"{container['name']} also uses port {port}"
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_proxy_drains_within_the_pod_termination_grace(w: Workload) -> None:
+    grace = options.duration(proxy_env(w)["PLUGPROXY_SHUTDOWN_GRACE"])
+    assert grace < w.pod.get("terminationGracePeriodSeconds", 30)
+
+
+# ------------------------------------------------------------------------------ sockets
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_co_dials_the_proxy_and_only_the_proxy_reaches_the_plugin(w: Workload) -> None:
+    env = proxy_env(w)
+    listen = parse_endpoint(env["PLUGPROXY_LISTEN"])
+    upstream = parse_endpoint(env["PLUGPROXY_UPSTREAM"])
+    co_side, plugin_side = [], []
+    for container in w.containers:
+        if is_proxy(container):
+            continue
+        for address in endpoints_named(container):
+            ep = parse_endpoint(address)
+            if listen.is_unix and ep.is_unix:
+                where = location(container, address)
+                if where == location(w.proxy, listen.url):
+                    co_side.append(container["name"])
+                    continue
+                assert upstream.is_unix, f"{container['name']}: {address} is nobody's socket"
+                assert where == location(w.proxy, upstream.url), (
+                    f"{container['name']}: {address} is neither plugproxy's listen socket "
+                    "nor its upstream"
+                )
+                plugin_side.append(container["name"])
+            else:
+                assert ep.grpc_target in (listen.grpc_target, upstream.grpc_target), address
+                (co_side if ep.grpc_target == listen.grpc_target else plugin_side).append(
+                    container["name"]
+                )
+    assert co_side, "no CO container dials plugproxy"
+    if upstream.scheme is Scheme.TLS:
+        assert not plugin_side  # the plugin is remote
+        return
+    assert len(plugin_side) == 1, f"exactly one plugin container, got {plugin_side}"
+    if upstream.is_unix:
+        # The plugin's socket sits in a volume only the proxy and the plugin mount.
+        inner, _ = location(w.proxy, upstream.url)
+        assert mounters(w, inner) == {w.proxy["name"], plugin_side[0]}
+        assert "emptyDir" in w.volume(inner)
+        outer, _ = location(w.proxy, listen.url)
+        assert inner != outer
+    else:
+        # Plain TCP only on the pod's loopback, and only with the explicit switch.
+        assert ipaddress.ip_address(listen.host).is_loopback
+        assert ipaddress.ip_address(upstream.host).is_loopback
+        assert env.get("PLUGPROXY_INSECURE_TCP") == "true"
+
+
+NODE_WORKLOADS = [
+    w for w in WORKLOADS if any("node-driver-registrar" in c["image"] for c in w.containers)
+]
+
+
+@pytest.mark.parametrize("w", NODE_WORKLOADS, ids=[w.file for w in NODE_WORKLOADS])
+def test_kubelet_registration_path_is_the_proxy_socket_on_the_host(w: Workload) -> None:
+    registrar = next(c for c in w.containers if "node-driver-registrar" in c["image"])
+    flags = dict(word.partition("=")[::2] for word in command_words(registrar))
+    volume, relpath = location(w.proxy, proxy_env(w)["PLUGPROXY_LISTEN"])
+    host_dir = w.volume(volume)["hostPath"]["path"]
+    assert flags["--kubelet-registration-path"] == posixpath.join(host_dir, relpath)
+    # The registrar asks the proxy (GetPluginInfo) through the same socket.
+    assert location(registrar, flags["--csi-address"]) == (volume, relpath)
+    # The host directory is given to the proxy's group before it starts.
+    prepare = [c for c in w.pod.get("initContainers", []) if volume in mounters_of(c)]
+    assert prepare, "the host socket directory must be made writable for UID 65532"
+    assert "65532" in " ".join(prepare[0]["command"])
+
+
+def mounters_of(container: dict[str, Any]) -> set[str]:
+    return {m["name"] for m in container.get("volumeMounts", [])}
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_tls_material_comes_from_a_whole_secret_directory(w: Workload) -> None:
+    env = proxy_env(w)
+    paths = [
+        env[k] for k in ("PLUGPROXY_TLS_CA", "PLUGPROXY_TLS_CERT", "PLUGPROXY_TLS_KEY") if k in env
+    ]
+    if parse_endpoint(env["PLUGPROXY_UPSTREAM"]).scheme is not Scheme.TLS and not paths:
+        pytest.skip("no TLS in this deployment")
+    assert len(paths) == 3
+    for path in paths:
+        mount = next(
+            m for m in w.proxy["volumeMounts"] if posixpath.dirname(path) == m["mountPath"]
+        )
+        # subPath mounts never see Kubernetes' symlink swap, so rotation would be lost.
+        assert "subPath" not in mount
+        assert mount.get("readOnly") is True
+        assert "secret" in w.volume(mount["name"])
+
+
+# ------------------------------------------------------------------------------ security
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_proxy_container_is_locked_down(w: Workload) -> None:
+    sc = w.proxy["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert isinstance(sc["runAsUser"], int) and sc["runAsUser"] > 0
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not sc.get("privileged", False)
+    # A read-only root needs a writable /tmp of its own.
+    tmp = next(m for m in w.proxy["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in w.volume(tmp["name"])
+    for container in w.pod.get("initContainers", []):
+        isc = container["securityContext"]
+        assert isc["allowPrivilegeEscalation"] is False
+        assert isc["capabilities"]["drop"] == ["ALL"]
+        assert set(isc["capabilities"].get("add", [])) <= {"CHOWN"}
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_every_container_has_requests_and_a_memory_limit(w: Workload) -> None:
+    for container in [*w.pod.get("initContainers", []), *w.containers]:
+        resources = container["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]), container["name"]
+        assert "memory" in resources["limits"], container["name"]
+    assert {"cpu", "memory"} <= set(w.proxy["resources"]["limits"])
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_co_containers_can_open_the_proxy_socket(w: Workload) -> None:
+    if not parse_endpoint(proxy_env(w)["PLUGPROXY_LISTEN"]).is_unix:
+        pytest.skip("TCP listener")
+    mode = options.octal_mode(proxy_env(w).get("PLUGPROXY_SOCKET_MODE", "0660"))
+    assert mode & 0o007 == 0, "the socket is not for everyone on the node"
+    # Owner and group only: every container must share the proxy's group.
+    assert w.pod["securityContext"]["fsGroup"] == w.proxy["securityContext"]["runAsGroup"]

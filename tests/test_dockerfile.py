@@ -1,0 +1,259 @@
+"""The container image definition, checked without a container engine: its stages, user,
+entrypoint and environment, that it installs through the Makefile's `install` target, and
+that the build context it gets is enough to build a complete package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUILD_TOOLS = re.compile(
+    r"\b(apt-get|apt|apk|dnf|yum|pip3?|make|gcc|g\+\+|cc|clang|build-essential|cargo|go)\b"
+)
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [args for kw, args in self.instructions if kw == keyword]
+
+
+def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults and the stages, with line continuations joined."""
+    logical: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical.append(pending + stripped)
+        pending = ""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for line in logical:
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            args[name.strip()] = default.strip()
+        elif keyword == "FROM":
+            words = rest.split()
+            base = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], m[0]), words[0])
+            name = words[2] if len(words) > 2 and words[1].upper() == "AS" else ""
+            stages.append(Stage(base, name))
+        else:
+            stages[-1].instructions.append((keyword, rest.strip()))
+    return args, stages
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[Stage]:
+    return parse_dockerfile((ROOT / "Dockerfile").read_text(encoding="utf-8"))[1]
+
+
+def env_of(stage: Stage) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for args in stage.all("ENV"):
+        for word in shlex.split(args):
+            key, _, value = word.partition("=")
+            env[key] = value
+    return env
+
+
+def test_multi_stage_on_slim_python_311(stages: list[Stage]) -> None:
+    assert len(stages) >= 2
+    for stage in stages:
+        assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", stage.base), (
+            stage.base
+        )
+    assert stages[0].name, "the build stage is named so the final stage can copy from it"
+
+
+def test_final_stage_runs_as_a_numeric_non_root_user(stages: list[Stage]) -> None:
+    users = stages[-1].all("USER")
+    assert users, "the final stage must set USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) > 0  # numeric: runAsNonRoot can verify it
+    assert not gid or (gid.isdigit() and int(gid) > 0)
+
+
+def test_final_stage_installs_no_build_tools(stages: list[Stage]) -> None:
+    final = stages[-1]
+    for command in final.all("RUN"):
+        assert not BUILD_TOOLS.search(command), f"final stage runs a build tool: {command}"
+    for source in final.all("COPY") + final.all("ADD"):
+        assert source.startswith("--from="), f"final stage copies from the context: {source}"
+
+
+def test_entrypoint_is_plugproxy_serve(stages: list[Stage]) -> None:
+    final = stages[-1]
+    assert json.loads(final.all("ENTRYPOINT")[-1]) == ["plugproxy"]
+    assert json.loads(final.all("CMD")[-1]) == ["serve"]
+
+
+def test_environment_suits_a_read_only_root_filesystem(stages: list[Stage]) -> None:
+    env = env_of(stages[-1])
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"  # log lines leave at once, not on exit
+    # Bytecode is compiled at build time instead.
+    assert any("compileall" in run for run in stages[0].all("RUN"))
+
+
+def install_venv(stage: Stage) -> str:
+    for command in stage.all("RUN"):
+        match = re.search(r"\bmake install\b([^&;]*)", command)
+        if match:
+            settings = dict(w.partition("=")[::2] for w in shlex.split(match[1]) if "=" in w)
+            return settings["VENV"]
+    raise AssertionError("the build stage must install with `make install`")
+
+
+def test_install_step_is_the_makefile_target(stages: list[Stage]) -> None:
+    build, final = stages[0], stages[-1]
+    venv = install_venv(build)
+    copies = [c for c in final.all("COPY") if c.startswith(f"--from={build.name} ")]
+    assert copies == [f"--from={build.name} {venv} {venv}"]
+    assert env_of(final)["PATH"].startswith(f"{venv}/bin:")
+    # The same target `make demo` goes through.
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    demo = re.search(r"^demo:(.*)$", makefile, re.MULTILINE)
+    assert demo and "install" in demo[1].split()
+
+
+def test_make_install_would_install_a_regular_copy_into_the_given_venv(
+    stages: list[Stage], tmp_path: pathlib.Path
+) -> None:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    command = next(c for c in stages[0].all("RUN") if "make install" in c)
+    words = shlex.split(command.split("&&")[0])
+    venv = str(tmp_path / "venv")
+    words = [f"VENV={venv}" if w.startswith("VENV=") else w for w in words]
+    out = subprocess.run(
+        [make, "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert f"-m venv {venv}" in out
+    assert re.search(rf"{re.escape(venv)}/bin/pip install .*\s\.$", out, re.MULTILINE), out
+    assert " -e " not in out  # an editable install would need /src at run time
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern: `*` stays within a directory, `**` spans directories."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def dockerignore_admits(patterns: list[str], path: str) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents wins."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    admitted = True
+    for raw in patterns:
+        negate = raw.startswith("!")
+        regex = glob_regex(raw.removeprefix("!").strip("/"))
+        if any(regex.match(c) for c in candidates):
+            admitted = negate
+    return admitted
+
+
+def ignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def build_context(root: pathlib.Path) -> list[str]:
+    patterns = ignore_patterns()
+    files = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for filename in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, filename), root)
+            if dockerignore_admits(patterns, rel):
+                files.append(rel)
+    return sorted(files)
+
+
+def test_dockerignore_admits_what_the_build_needs_and_nothing_else(stages: list[Stage]) -> None:
+    patterns = ignore_patterns()
+    for copy in stages[0].all("COPY"):
+        for source in shlex.split(copy)[:-1]:
+            assert dockerignore_admits(patterns, source.rstrip("/")), source
+    for needed in ("Makefile", "pyproject.toml", "README.md", "src/plugproxy/cli.py"):
+        assert dockerignore_admits(patterns, needed), needed
+    for kept_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "deploy/x.yaml"):
+        assert not dockerignore_admits(patterns, kept_out), kept_out
+    assert not dockerignore_admits(patterns, "src/plugproxy/__pycache__/cli.cpython-311.pyc")
+
+
+def test_the_build_context_builds_a_complete_package(tmp_path: pathlib.Path) -> None:
+    """Build the wheel from exactly the files the image build would receive."""
+    context = tmp_path / "context"
+    for rel in build_context(ROOT):
+        target = context / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    assert (context / "src" / "plugproxy" / "descriptors").is_dir()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(context),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next((tmp_path / "dist").glob("plugproxy-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+        assert "plugproxy = plugproxy.cli:main" in zf.read(entry_points).decode()
+    assert "plugproxy/py.typed" in names
+    shipped = {n.rsplit("/", 1)[-1] for n in names if n.startswith("plugproxy/descriptors/")}
+    source = {p.name for p in (ROOT / "src/plugproxy/descriptors").glob("*.binpb")}
+    assert source and source <= shipped
+    modules = {n for n in names if n.endswith(".py")}
+    expected = {
+        str(p.relative_to(ROOT / "src"))
+        for p in (ROOT / "src" / "plugproxy").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert expected <= modules

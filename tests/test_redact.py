@@ -1,0 +1,340 @@
+"""Redaction plans for every spec, masking shapes, capped rendering and free-text masking."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FieldDescriptor
+
+from plugproxy import redact, serve
+from plugproxy.api import Call, LazyMessage, SpecInfo
+from plugproxy.endpoints import ConfigError
+from plugproxy.redact import MASK, TRUNCATED_KEY, Redactor
+from plugproxy.registry import Registry, load_spec
+
+CSI1 = load_spec("csi.v1")
+CSI0 = load_spec("csi.v0")
+COSI = load_spec("cosi.v1alpha1")
+CMI = load_spec("cmi.v1")
+ALL = redact.for_specs()
+
+
+def masked_fields(red: Redactor, name: str) -> set[str]:
+    plan = red.plan_for(name)
+    return {f for f, a in plan.fields.items() if a is MASK} if plan else set()
+
+
+def call_for(method_path: str, message) -> Call:
+    info = Registry().lookup(method_path)
+    call = Call(info, (), [], None)
+    call.request = LazyMessage(message.SerializeToString(), info.request_class)
+    return call
+
+
+# -- plans --------------------------------------------------------------------------------
+
+
+def test_csi_v1_secret_option_marks_every_secrets_map():
+    tagged = {
+        name
+        for name, cls in CSI1.message_classes.items()
+        for fd in cls.DESCRIPTOR.fields
+        if CSI1.is_secret_field(fd)
+    }
+    assert "csi.v1.NodeStageVolumeRequest" in tagged and len(tagged) >= 15
+    for name in tagged:
+        assert "secrets" in masked_fields(ALL, name), name
+
+
+def test_csi_v1_nested_repeated_and_oneof_paths_lead_to_mount_flags():
+    create = ALL.plan_for("csi.v1.CreateVolumeRequest")
+    assert create is not None
+    capability = create.fields["volume_capabilities"]  # repeated message
+    assert isinstance(capability, redact.Plan)
+    assert capability.full_name == "csi.v1.VolumeCapability"
+    mount = capability.fields["mount"]  # a oneof member
+    assert isinstance(mount, redact.Plan) and mount.fields == {"mount_flags": MASK}
+    assert "block" not in capability.fields
+
+
+def test_types_with_nothing_sensitive_have_no_plan():
+    for name in (
+        "csi.v1.ListVolumesResponse",
+        "csi.v1.GetPluginInfoResponse",
+        "csi.v1.NodeGetInfoResponse",
+        "cosi.v1alpha1.DriverCreateBucketRequest",
+        "cmi.v1.ListMachinesResponse",
+    ):
+        assert ALL.plan_for(name) is None, name
+
+
+def test_csi_v0_secrets_are_found_by_the_specs_names():
+    fields = {
+        "csi.v0.CreateVolumeRequest": "controller_create_secrets",
+        "csi.v0.DeleteVolumeRequest": "controller_delete_secrets",
+        "csi.v0.ControllerPublishVolumeRequest": "controller_publish_secrets",
+        "csi.v0.ControllerUnpublishVolumeRequest": "controller_unpublish_secrets",
+        "csi.v0.CreateSnapshotRequest": "create_snapshot_secrets",
+        "csi.v0.DeleteSnapshotRequest": "delete_snapshot_secrets",
+        "csi.v0.NodeStageVolumeRequest": "node_stage_secrets",
+        "csi.v0.NodePublishVolumeRequest": "node_publish_secrets",
+    }
+    for message, field in fields.items():
+        fd = CSI0.descriptor(message).fields_by_name[field]
+        assert not CSI0.is_secret_field(fd)  # v0.3 has no option...
+        assert field in masked_fields(ALL, message)  # ...its naming is enough
+    # Every `*_secrets` field of the v0 descriptors is covered by the table.
+    for name, cls in CSI0.message_classes.items():
+        for fd in cls.DESCRIPTOR.fields:
+            if fd.name.endswith("_secrets"):
+                assert fd.name in masked_fields(ALL, name), (name, fd.name)
+
+
+def test_cosi_credentials_are_masked_with_their_keys_visible():
+    assert masked_fields(ALL, "cosi.v1alpha1.DriverGrantBucketAccessResponse") == {"credentials"}
+    cls = COSI.message_class("cosi.v1alpha1.DriverGrantBucketAccessResponse")
+    msg = cls(account_id="acct-7")
+    msg.credentials["s3"].secrets["accessKeyID"] = "AKIA-canary"
+    msg.credentials["s3"].secrets["accessSecretKey"] = "s3cr3t-canary"
+    out = ALL.render(msg)
+    assert out == {
+        "account_id": "acct-7",
+        "credentials": {"s3": {"secrets": {"accessKeyID": MASK, "accessSecretKey": MASK}}},
+    }
+    assert ALL.secret_values(msg) == {"AKIA-canary", "s3cr3t-canary"}
+
+
+def test_cmi_secret_option_resolves_in_its_own_pool():
+    # cmi_secret and csi_secret share field number 1059; each resolves in its own pool.
+    assert CMI.secret_option is not None and CSI1.secret_option is not None
+    assert CMI.secret_option.full_name == "cmi.v1.cmi_secret"
+    assert masked_fields(ALL, "cmi.v1.CreateMachineRequest") == {"Secrets"}
+    msg = CMI.message_class("cmi.v1.CreateMachineRequest")(MachineName="m-1")
+    msg.Secrets["cloud-credentials"] = b"token-xyz"
+    out = ALL.render(msg)
+    assert out["Secrets"] == {"cloud-credentials": MASK}
+    assert out["MachineName"] == "m-1"
+    assert "token-xyz" in ALL.secret_values(msg)
+
+
+def test_advisory_defaults_can_be_turned_off():
+    off = redact.for_specs(defaults=False)
+    assert off.plan_for("csi.v1.VolumeCapability") is None
+    assert "volume_context" not in masked_fields(off, "csi.v1.NodePublishVolumeRequest")
+    assert "secrets" in masked_fields(off, "csi.v1.NodePublishVolumeRequest")
+    # Spec-named secrets stay whatever the defaults say.
+    assert "node_stage_secrets" in masked_fields(off, "csi.v0.NodeStageVolumeRequest")
+    assert masked_fields(off, "cosi.v1alpha1.DriverGrantBucketAccessResponse") == {"credentials"}
+
+
+def test_redact_paths_add_fields_and_make_their_containers_walked():
+    red = redact.for_specs(
+        paths=["csi.v1.NodeStageVolumeRequest.volume_context", "csi.v1.Volume.volume_id"],
+        defaults=False,
+    )
+    assert "volume_context" in masked_fields(red, "csi.v1.NodeStageVolumeRequest")
+    # Volume is reached from responses, now they are walked too.
+    for name in ("csi.v1.CreateVolumeResponse", "csi.v1.ListVolumesResponse"):
+        assert red.plan_for(name) is not None, name
+    msg = CSI1.message_class("csi.v1.ListVolumesResponse")()
+    msg.entries.add().volume.volume_id = "vol-hidden"
+    assert red.render(msg) == {"entries": [{"volume": {"volume_id": MASK}}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("csi.v1.NoSuchRequest.secrets", "csi.v1 has no message csi.v1.NoSuchRequest"),
+        ("csi.v1.NodeStageVolumeRequest.nope", "has no field 'nope'"),
+        ("volume_context", "expected <message full name>.<field>"),
+        ("other.v9.Foo.bar", "expected <message full name>.<field>"),
+    ],
+)
+def test_unknown_redact_paths_are_one_line_config_errors(path, says):
+    with pytest.raises(ConfigError) as err:
+        Redactor([CSI1], [path])
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_redact_paths_from_the_environment_are_comma_separated():
+    ns = serve.parse_args(
+        ["--listen", "unix:///tmp/a", "--upstream", "unix:///tmp/b"],
+        environ={
+            "PLUGPROXY_REDACT": "csi.v1.NodeStageVolumeRequest.volume_context, "
+            "csi.v1.NodeStageVolumeRequest.publish_context",
+            "PLUGPROXY_REDACT_DEFAULTS": "off",
+        },
+    )
+    red = redact.from_namespace(ns, ["csi.v1"])
+    assert {"volume_context", "publish_context", "secrets"} <= masked_fields(
+        red, "csi.v1.NodeStageVolumeRequest"
+    )
+    assert red.plan_for("csi.v1.VolumeCapability") is None
+    assert redact.from_namespace(ns, ["csi.v1"]) is red  # plans are built once per config
+
+
+# -- cycles and masking shapes (a synthetic spec) -----------------------------------------
+
+
+def _synthetic_spec() -> SpecInfo:
+    fdp = descriptor_pb2.FileDescriptorProto(name="t.proto", package="t.v1", syntax="proto3")
+    node = fdp.message_type.add(name="Node")
+    entry = node.nested_type.add(name="KidsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=FieldDescriptor.TYPE_STRING, label=1)
+    entry.field.add(name="value", number=2, type=FieldDescriptor.TYPE_MESSAGE, label=1)
+    entry.field[1].type_name = ".t.v1.Node"
+    rep, opt = 3, 1
+    for name, number, ftype, label, type_name in (
+        ("name", 1, FieldDescriptor.TYPE_STRING, opt, ""),
+        ("child", 2, FieldDescriptor.TYPE_MESSAGE, opt, ".t.v1.Node"),
+        ("kids", 3, FieldDescriptor.TYPE_MESSAGE, rep, ".t.v1.Node.KidsEntry"),
+        ("password", 4, FieldDescriptor.TYPE_STRING, opt, ""),
+        ("tokens", 5, FieldDescriptor.TYPE_STRING, rep, ""),
+        ("blob", 6, FieldDescriptor.TYPE_BYTES, opt, ""),
+        ("count", 7, FieldDescriptor.TYPE_INT64, opt, ""),
+    ):
+        fd = node.field.add(name=name, number=number, type=ftype, label=label)
+        if type_name:
+            fd.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    desc = pool.FindMessageTypeByName("t.v1.Node")
+    classes = {d.full_name: message_factory.GetMessageClass(d) for d in (desc, *desc.nested_types)}
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class ByName(SpecInfo):
+        def is_secret_field(self, fd: FieldDescriptor) -> bool:
+            return fd.name in ("password", "tokens", "blob")
+
+    return ByName("t.v1", "t", pool, None, None, classes)
+
+
+def test_cyclic_types_are_planned_and_masked_at_every_depth():
+    spec = _synthetic_spec()
+    red = Redactor([spec], defaults=False)
+    plan = red.plan_for("t.v1.Node")
+    assert plan is not None
+    assert plan.fields["child"] is plan and plan.fields["kids"] is plan  # the cycle, once
+    node = spec.message_class("t.v1.Node")(name="root", password="pw-root", count=5)
+    node.tokens.extend(["tok-a", "tok-b"])
+    node.blob = b"blob-bytes"
+    node.child.name = "kid"
+    node.child.password = "pw-child"
+    node.kids["k1"].kids["k2"].password = "pw-deep"
+    out = red.render(node)
+    assert out == {
+        "name": "root",
+        "child": {"name": "kid", "password": MASK},
+        "kids": {"k1": {"kids": {"k2": {"password": MASK}}}},
+        "password": MASK,
+        "tokens": MASK,  # a repeated secret is masked whole: not even its length shows
+        "blob": MASK,
+        "count": "5",  # int64 as text, like protobuf's JSON mapping
+    }
+    assert red.secret_values(node) >= {"pw-root", "tok-a", "tok-b", "pw-child", "pw-deep"}
+    assert "blob-bytes" in red.secret_values(node)
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def test_render_is_message_to_dict_like():
+    snap = CSI1.message_class("csi.v1.CreateSnapshotResponse")()
+    snap.snapshot.snapshot_id = "snap-1"
+    snap.snapshot.size_bytes = 1 << 40
+    snap.snapshot.creation_time.seconds = 100
+    snap.snapshot.ready_to_use = True
+    assert ALL.render(snap) == {
+        "snapshot": {
+            "size_bytes": str(1 << 40),
+            "snapshot_id": "snap-1",
+            "creation_time": "1970-01-01T00:01:40Z",
+            "ready_to_use": True,
+        }
+    }
+    cap = CSI1.message_class("csi.v1.VolumeCapability")()
+    cap.access_mode.mode = cap.AccessMode.SINGLE_NODE_WRITER
+    cap.mount.mount_flags.extend(["ro", "password=x"])
+    cap.mount.fs_type = "ext4"
+    assert ALL.render(cap) == {
+        "mount": {"fs_type": "ext4", "mount_flags": MASK},
+        "access_mode": {"mode": "SINGLE_NODE_WRITER"},
+    }
+
+
+def _big_list(n: int):
+    msg = CSI1.message_class("csi.v1.ListVolumesResponse")(next_token="next-page")
+    for i in range(n):
+        vol = msg.entries.add().volume
+        vol.volume_id = f"vol-{i}"
+        vol.capacity_bytes = i
+    return msg
+
+
+def test_capped_render_stops_early_and_says_where():
+    msg = _big_list(10_000)
+    out = ALL.render(msg, 16 * 1024)
+    text = json.dumps(out, ensure_ascii=False, separators=(",", ":"))  # as the logger writes
+    assert len(text) < 16 * 1024 + 200
+    assert 50 < len(out["entries"]) < 1000  # not the 10,000 entries: it stopped early
+    assert out[TRUNCATED_KEY].startswith("over 16384 bytes; stopped at entries[")
+    assert "of 10000]" in out[TRUNCATED_KEY]
+    assert "next_token" not in out  # fields after the cut are not rendered
+    assert len(ALL.render(msg)["entries"]) == 10_000  # uncapped renders everything
+
+
+def test_a_long_string_is_cut_visibly():
+    msg = CSI1.message_class("csi.v1.NodeUnpublishVolumeRequest")(
+        volume_id="v", target_path="/x" * 500
+    )
+    out = ALL.render(msg, 100)
+    assert out["volume_id"] == "v"
+    assert out["target_path"].endswith("…") and len(out["target_path"]) < 100
+    assert out[TRUNCATED_KEY] == "over 100 bytes; stopped at target_path"
+
+
+def test_masked_values_are_not_spent_from_the_budget_as_text():
+    msg = CSI1.message_class("csi.v1.NodeStageVolumeRequest")(volume_id="v")
+    msg.secrets["key"] = "x" * 10_000
+    out = ALL.render(msg, 200)
+    assert out == {"volume_id": "v", "secrets": {"key": MASK}}
+
+
+# -- free text ----------------------------------------------------------------------------
+
+
+def _stage_call(secret: str) -> Call:
+    msg = CSI1.message_class("csi.v1.NodeStageVolumeRequest")(
+        volume_id="vol-1", staging_target_path="/stage"
+    )
+    msg.secrets["password"] = secret
+    msg.secrets["pin"] = "123"  # too short to search for in free text
+    return call_for("/csi.v1.Node/NodeStageVolume", msg)
+
+
+def test_mask_text_masks_request_secrets_in_error_messages():
+    call = _stage_call("hunter2-canary")
+    text = "login failed for password hunter2-canary at 123 Main St"
+    assert ALL.mask_text(text, call) == "login failed for password *** at 123 Main St"
+    assert ALL.mask_text("", call) == ""
+    assert call.stage_state["redact.secrets"] == {"hunter2-canary"}  # computed once
+
+
+def test_mask_text_is_a_no_op_for_calls_without_secrets():
+    msg = CSI1.message_class("csi.v1.NodeUnstageVolumeRequest")(volume_id="hunter2-canary")
+    call = call_for("/csi.v1.Node/NodeUnstageVolume", msg)
+    assert ALL.mask_text("hunter2-canary", call) == "hunter2-canary"
+
+
+def test_render_call_scrubs_request_secrets_echoed_elsewhere():
+    call = _stage_call("hunter2-canary")
+    echo = CSI1.message_class("csi.v1.CreateVolumeResponse")()
+    echo.volume.volume_id = "vol-hunter2-canary"
+    echo.volume.volume_context["hint"] = "pw is hunter2-canary"
+    out = ALL.render_call(echo, call)
+    assert out == {"volume": {"volume_id": "vol-***", "volume_context": {"hint": "pw is ***"}}}
+    assert "hunter2-canary" not in json.dumps(out)

@@ -1,0 +1,326 @@
+"""The rule engine and the four spec tables: each family with a passing and a failing case."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+
+from plugproxy.registry import load_spec
+from plugproxy.rules import TABLES, all_rules
+from plugproxy.rules.engine import (
+    CompiledSpec,
+    SpecTable,
+    TableError,
+    compile_table,
+    plugin_name_problem,
+)
+
+COMPILED: dict[str, CompiledSpec] = {
+    name: compile_table(table, load_spec(name)) for name, table in TABLES.items()
+}
+
+
+def msg(spec: str, type_name: str, /, **fields: Any) -> Any:
+    return load_spec(spec).message_class(f"{TABLES[spec].package}.{type_name}")(**fields)
+
+
+def rules_of(spec: str, message: Any) -> list[tuple[str, str]]:
+    return [(v.rule.id, v.field) for v in COMPILED[spec].check_message(message)]
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def test_every_table_compiles_against_its_descriptors():
+    for name, compiled in COMPILED.items():
+        assert compiled.checkers, name
+        assert all(rule.id.startswith(compiled.table.family + ".") for rule in compiled.table.rules)
+
+
+def test_required_field_counts_match_the_specs():
+    # CSI v1.12: 72 "This field is REQUIRED" + 11 other wordings; plus 2 REQUIRED oneofs.
+    counts = {
+        name: sum(1 for fields in t.required.values() for f in fields if not f.startswith("oneof:"))
+        for name, t in TABLES.items()
+    }
+    assert counts == {"csi.v1": 83, "csi.v0": 40, "cosi.v1alpha1": 10, "cmi.v1": 16}
+
+
+def test_a_table_naming_a_missing_field_fails_at_startup():
+    bad = SpecTable(
+        spec="csi.v1",
+        family="csi",
+        title="x",
+        package="csi.v1",
+        rules=TABLES["csi.v1"].rules,
+        required={"CreateVolumeRequest": ("no_such_field",)},
+    )
+    with pytest.raises(TableError, match="no_such_field"):
+        compile_table(bad, load_spec("csi.v1"))
+
+
+def test_rule_ids_are_unique_and_documented():
+    ids = all_rules()
+    with open("docs/rules.md", encoding="utf-8") as fh:
+        doc = fh.read()
+    missing = [rid for rid in ids if f"`{rid}`" not in doc]
+    assert not missing, missing
+
+
+def test_message_types_without_checks_get_no_checker():
+    # Empty messages have nothing to check and are never walked.
+    assert "csi.v1.GetPluginInfoRequest" not in COMPILED["csi.v1"].checkers
+    assert "csi.v1.ProbeRequest" not in COMPILED["csi.v1"].checkers
+
+
+# -- family 1: REQUIRED ------------------------------------------------------------------------
+
+REQUIRED_CASES = [
+    # spec, message, good fields, bad fields, expected field path
+    ("csi.v1", "DeleteVolumeRequest", {"volume_id": "v"}, {}, "volume_id"),
+    ("csi.v1", "CreateSnapshotRequest", {"name": "s", "source_volume_id": "v"}, {"name": "s"},
+     "source_volume_id"),
+    ("csi.v1", "GetPluginInfoResponse", {"name": "a.b", "vendor_version": "1"}, {"name": "a.b"},
+     "vendor_version"),
+    ("csi.v0", "NodeGetIdResponse", {"node_id": "n"}, {}, "node_id"),
+    ("csi.v0", "Snapshot", {"id": "s", "source_volume_id": "v", "created_at": 1},
+     {"id": "s", "source_volume_id": "v"}, "created_at"),
+    ("cosi.v1alpha1", "DriverGrantBucketAccessRequest",
+     {"bucket_id": "b", "name": "n", "authentication_type": 1},
+     {"bucket_id": "b", "name": "n"}, "authentication_type"),
+    ("cosi.v1alpha1", "DriverGrantBucketAccessResponse",
+     {"account_id": "a", "credentials": {"s3": {"secrets": {"k": "v"}}}}, {"account_id": "a"},
+     "credentials"),
+    ("cmi.v1", "CreateMachineRequest", {"MachineName": "m", "ProviderSpec": b"x"},
+     {"MachineName": "m"}, "ProviderSpec"),
+    ("cmi.v1", "GetMachineStatusResponse", {"ProviderID": "p", "NodeName": "n"},
+     {"ProviderID": "p"}, "NodeName"),
+]
+
+
+@pytest.mark.parametrize(("spec", "name", "good", "bad", "path"), REQUIRED_CASES)
+def test_required_fields(spec, name, good, bad, path):
+    family = TABLES[spec].family
+    assert (f"{family}.required-field", path) not in rules_of(spec, msg(spec, name, **good))
+    assert (f"{family}.required-field", path) in rules_of(spec, msg(spec, name, **bad))
+
+
+def test_required_at_depth_and_required_oneofs():
+    cap_ok = {"mount": {}, "access_mode": {"mode": 1}}
+    good = msg("csi.v1", "CreateVolumeRequest", name="n", volume_capabilities=[cap_ok])
+    assert rules_of("csi.v1", good) == []
+    no_type = msg(
+        "csi.v1", "CreateVolumeRequest", name="n", volume_capabilities=[{"access_mode": {}}]
+    )
+    found = rules_of("csi.v1", no_type)
+    assert ("csi.required-field", "volume_capabilities[0].access_type") in found
+    assert ("csi.required-field", "volume_capabilities[0].access_mode.mode") in found
+    empty_source = msg(
+        "csi.v1",
+        "CreateVolumeRequest",
+        name="n",
+        volume_capabilities=[cap_ok],
+        volume_content_source={"snapshot": {}},
+    )
+    assert rules_of("csi.v1", empty_source) == [
+        ("csi.required-field", "volume_content_source.snapshot.snapshot_id")
+    ]
+
+
+def test_required_bool_and_numbers_are_not_judged():
+    # proto3 cannot tell readonly=false from unset: no violation for the missing bool.
+    req = msg(
+        "csi.v1",
+        "ControllerPublishVolumeRequest",
+        volume_id="v",
+        node_id="n",
+        volume_capability={"block": {}, "access_mode": {"mode": 1}},
+    )
+    assert rules_of("csi.v1", req) == []
+
+
+# -- family 2: size limits ---------------------------------------------------------------------
+
+
+def publish_request(target_path: str) -> Any:
+    return msg(
+        "csi.v1",
+        "NodePublishVolumeRequest",
+        volume_id="v",
+        target_path=target_path,
+        volume_capability={"mount": {}, "access_mode": {"mode": 1}},
+    )
+
+
+def test_kubelet_target_path_of_200_bytes_is_not_flagged():
+    path = "/var/lib/kubelet/pods/" + "p" * (200 - len("/var/lib/kubelet/pods/"))
+    assert len(path) == 200
+    assert rules_of("csi.v1", publish_request(path)) == []
+
+
+def test_strings_over_128_bytes_are_flagged_and_128_is_fine():
+    ok = msg("csi.v1", "DeleteVolumeRequest", volume_id="v" * 128)
+    assert rules_of("csi.v1", ok) == []
+    found = COMPILED["csi.v1"].check_message(
+        msg("csi.v1", "DeleteVolumeRequest", volume_id="v" * 129)
+    )
+    assert [(v.rule.id, v.field) for v in found] == [("csi.size-limit", "volume_id")]
+    assert "129 bytes" in found[0].message and "v" * 10 not in found[0].message
+
+
+def test_size_counts_utf8_bytes_not_characters():
+    value = "é" * 65  # 65 characters, 130 bytes
+    assert ("csi.size-limit", "volume_id") in rules_of(
+        "csi.v1", msg("csi.v1", "DeleteVolumeRequest", volume_id=value)
+    )
+
+
+def test_map_limit_is_4_kib_in_total():
+    ok = {f"k{i}": "v" * 90 for i in range(40)}  # 40 * (2..3 + 90) < 4096
+    big = {f"k{i}": "v" * 100 for i in range(41)}
+    base = {"volume_id": "v"}
+    assert rules_of("csi.v1", msg("csi.v1", "DeleteVolumeRequest", **base)) == []
+    good = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", volume_context=ok, **base)
+    bad = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", volume_context=big, **base)
+    assert ("csi.size-limit", "volume_context") not in rules_of("csi.v1", good)
+    assert ("csi.size-limit", "volume_context") in rules_of("csi.v1", bad)
+
+
+def test_node_id_may_take_256_bytes_with_128_recommended():
+    assert rules_of("csi.v1", msg("csi.v1", "NodeGetInfoResponse", node_id="n" * 128)) == []
+    found = rules_of("csi.v1", msg("csi.v1", "NodeGetInfoResponse", node_id="n" * 200))
+    assert found == [("csi.size-limit-recommended", "node_id")]
+    found = rules_of("csi.v1", msg("csi.v1", "NodeGetInfoResponse", node_id="n" * 257))
+    assert ("csi.size-limit", "node_id") in found
+
+
+def test_mount_flags_are_limited_in_total_not_per_flag():
+    def req(flags: list[str]) -> Any:
+        return msg(
+            "csi.v1",
+            "NodeStageVolumeRequest",
+            volume_id="v",
+            staging_target_path="/s",
+            volume_capability={"mount": {"mount_flags": flags}, "access_mode": {"mode": 1}},
+        )
+
+    assert rules_of("csi.v1", req(["o" * 200, "p" * 200])) == []
+    assert rules_of("csi.v1", req(["o" * 2100, "p" * 2100])) == [
+        ("csi.size-limit", "volume_capability.mount.mount_flags")
+    ]
+
+
+def test_csi_v0_paths_are_advisory_only():
+    req = msg(
+        "csi.v0",
+        "NodeUnpublishVolumeRequest",
+        volume_id="v",
+        target_path="/t" * 100,
+    )
+    found = COMPILED["csi.v0"].check_message(req)
+    assert [(v.rule.id, v.rule.level) for v in found] == [("csi.size-limit-recommended", "SHOULD")]
+
+
+@pytest.mark.parametrize("spec", ["cosi.v1alpha1", "cmi.v1"])
+def test_size_limit_in_cosi_and_cmi(spec):
+    name, field = {
+        "cosi.v1alpha1": ("DriverDeleteBucketRequest", "bucket_id"),
+        "cmi.v1": ("DeleteMachineRequest", "MachineName"),
+    }[spec]
+    extra = {"ProviderSpec": b"x"} if spec == "cmi.v1" else {}
+    family = TABLES[spec].family
+    ok = msg(spec, name, **{field: "x" * 128}, **extra)
+    bad = msg(spec, name, **{field: "x" * 129}, **extra)
+    assert rules_of(spec, ok) == []
+    assert rules_of(spec, bad) == [(f"{family}.size-limit", field)]
+
+
+# -- family 3: formats ---------------------------------------------------------------------------
+
+NAME_CASES = [
+    ("a", True),
+    ("csi.example.com", True),
+    ("a" * 63, True),
+    ("a" * 64, False),
+    ("A1-b.c2", True),
+    ("9driver", True),
+    ("-driver", False),
+    ("driver-", False),
+    (".driver", False),
+    ("driver.", False),
+    ("dri_ver", False),
+    ("dri ver", False),
+    ("a..b", False),
+    ("a-.b", False),
+    ("a.-b", False),
+    ("ä.example", False),
+]
+
+
+@pytest.mark.parametrize(("name", "valid"), NAME_CASES)
+def test_plugin_name_edge_cases(name, valid):
+    assert (plugin_name_problem(name) is None) is valid
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("csi.v1", "GetPluginInfoResponse"),
+        ("csi.v0", "GetPluginInfoResponse"),
+        ("cosi.v1alpha1", "DriverGetInfoResponse"),
+        ("cmi.v1", "GetPluginInfoResponse"),
+    ],
+)
+def test_plugin_name_rule_per_spec(spec, message):
+    family = TABLES[spec].family
+    version = {"csi.v1": "vendor_version", "csi.v0": "vendor_version", "cmi.v1": "version"}
+    extra = {version[spec]: "1"} if spec in version else {}
+    good = msg(spec, message, name="fake.plugproxy.io", **extra)
+    bad = msg(spec, message, name="-Fake_Plugin!", **extra)
+    assert rules_of(spec, good) == []
+    found = COMPILED[spec].check_message(bad)
+    assert [(v.rule.id, v.field) for v in found] == [(f"{family}.plugin-name-format", "name")]
+    assert "Fake_Plugin" not in found[0].message
+
+
+def test_banned_control_characters_in_names():
+    cap = [{"mount": {}, "access_mode": {"mode": 1}}]
+    ok = msg("csi.v1", "CreateVolumeRequest", name="pvc-1\tα", volume_capabilities=cap)
+    bad = msg("csi.v1", "CreateVolumeRequest", name="pvc\x07-1", volume_capabilities=cap)
+    assert rules_of("csi.v1", ok) == []
+    assert rules_of("csi.v1", bad) == [("csi.name-banned-characters", "name")]
+    snap = msg("csi.v1", "CreateSnapshotRequest", name="s\x85", source_volume_id="v")
+    assert rules_of("csi.v1", snap) == [("csi.name-banned-characters", "name")]
+
+
+def test_secret_keys_by_option_and_by_table():
+    ok = msg("csi.v1", "DeleteVolumeRequest", volume_id="v", secrets={"user.name-1_x": "s"})
+    bad = msg("csi.v1", "DeleteVolumeRequest", volume_id="v", secrets={"user name": "hunter2"})
+    assert rules_of("csi.v1", ok) == []
+    found = COMPILED["csi.v1"].check_message(bad)
+    assert [(v.rule.id, v.field) for v in found] == [("csi.secret-key-format", "secrets")]
+    assert "hunter2" not in found[0].message and "user name" not in found[0].message
+    v0 = msg("csi.v0", "DeleteVolumeRequest", volume_id="v", controller_delete_secrets={"a/b": "s"})
+    assert rules_of("csi.v0", v0) == [("csi.secret-key-format", "controller_delete_secrets")]
+    cmi = msg(
+        "cmi.v1", "DeleteMachineRequest", MachineName="m", ProviderSpec=b"x", Secrets={"a b": b""}
+    )
+    assert rules_of("cmi.v1", cmi) == [("cmi.secret-key-format", "Secrets")]
+
+
+def test_negative_values():
+    assert rules_of("csi.v1", msg("csi.v1", "GetCapacityResponse", available_capacity=-1)) == [
+        ("csi.negative-value", "available_capacity")
+    ]
+    wrapped = msg("csi.v1", "GetCapacityResponse", maximum_volume_size={"value": -5})
+    assert rules_of("csi.v1", wrapped) == [("csi.negative-value", "maximum_volume_size")]
+    assert rules_of("csi.v1", msg("csi.v1", "GetCapacityResponse", available_capacity=0)) == []
+
+
+def test_descriptors_decide_what_a_field_is():
+    # Every string field of csi.v1 gets a size check unless the table overrides it.
+    desc = load_spec("csi.v1").descriptor("csi.v1.NodePublishVolumeRequest")
+    strings = [f.name for f in desc.fields if f.type == FieldDescriptor.TYPE_STRING]
+    assert {"volume_id", "target_path", "staging_target_path"} <= set(strings)

@@ -1,0 +1,320 @@
+"""Tracing stage: spans from the SDK's in-memory exporter and over real OTLP/gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, StatusCode
+
+from plugproxy.api import Call, Reject, Stage
+from plugproxy.endpoints import ConfigError
+from plugproxy.registry import load_spec
+from plugproxy.stages import tracing
+from plugproxy.stages.tracing import TracingStage, build_from_env, sampler_from_env
+from tests.support import channel, start_proxy
+from tests.test_stages_metrics import ScriptedPlugin, start_plugin
+
+CSI = load_spec("csi.v1")
+CREATE = "/csi.v1.Controller/CreateVolume"
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT_ID = "b7ad6b7169203331"
+
+
+def create_request(name: str = "pvc-1") -> bytes:
+    cls = CSI.message_class("csi.v1.CreateVolumeRequest")
+    return cls(name=name).SerializeToString()
+
+
+class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    """An OTLP/gRPC trace receiver: the collector's Export RPC, recording what arrives."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+        self.received = asyncio.Event()
+
+    async def Export(self, request: Any, context: Any) -> Any:
+        self.requests.append(request)
+        self.received.set()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[Any]:
+        return [
+            span
+            for req in self.requests
+            for rs in req.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
+
+    def resources(self) -> list[Any]:
+        return [rs.resource for req in self.requests for rs in req.resource_spans]
+
+
+async def start_receiver() -> tuple[grpc.aio.Server, TraceReceiver, int]:
+    receiver = TraceReceiver()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, receiver, port
+
+
+class Violating(Stage):
+    """Stands in for validation: records a violation event, then rejects."""
+
+    name = "violating"
+
+    def on_start(self, call: Call) -> None:
+        call.add_event(
+            "violation",
+            rule="csi.create.capabilities",
+            level="MUST",
+            party="co",
+            field="volume_capabilities",
+            section="CSI v1.12 §CreateVolume",
+            message="volume_capabilities is required",
+        )
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT, "volume_capabilities is required")
+
+
+class Waiting(Stage):
+    """Stands in for serialization: waits, then records the wait as the convention says."""
+
+    name = "waiting"
+
+    async def on_start(self, call: Call) -> None:
+        await asyncio.sleep(0.2)
+        call.stage_state["serialize.wait_seconds"] = 0.2
+        call.add_event("serialization.wait", seconds=0.2, keys="volume-name:pvc-1")
+
+
+@pytest.fixture
+async def plugin(tmp_path: Any) -> AsyncIterator[tuple[ScriptedPlugin, str, str]]:
+    upstream = str(tmp_path / "plugin.sock")
+    scripted = ScriptedPlugin()
+    scripted.answer(CREATE, b"")
+    server = await start_plugin(upstream, scripted)
+    yield scripted, upstream, str(tmp_path / "proxy.sock")
+    await server.stop(0)
+
+
+async def run_calls(
+    listen: str, upstream: str, stages: list[Stage], metadata: tuple[tuple[str, str], ...] = ()
+) -> grpc.aio.AioRpcError | None:
+    proxy = await start_proxy(listen, upstream, stages=stages)
+    try:
+        async with channel(listen) as ch:
+            try:
+                await ch.unary_unary(CREATE)(create_request(), timeout=5, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                return err
+    finally:
+        await proxy.stop(0)
+    return None
+
+
+def by_kind(spans: Any) -> dict[SpanKind, Any]:
+    out = {span.kind: span for span in spans}
+    assert len(out) == len(spans), spans
+    return out
+
+
+async def test_trace_from_the_co_continues_through_the_proxy_into_the_plugin(plugin):
+    scripted, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    stage = TracingStage(exporter, upstream_address=f"unix://{upstream}")
+    metadata = (
+        ("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"),
+        ("tracestate", "vendor=opaque"),
+    )
+    assert await run_calls(listen, upstream, [stage], metadata) is None
+    spans = by_kind(exporter.get_finished_spans())
+    server, client = spans[SpanKind.SERVER], spans[SpanKind.CLIENT]
+    assert f"{server.context.trace_id:032x}" == TRACE_ID
+    assert f"{server.parent.span_id:016x}" == PARENT_ID
+    assert server.parent.is_remote
+    assert client.context.trace_id == server.context.trace_id
+    assert client.parent.span_id == server.context.span_id
+    # The plugin sees one traceparent: same trace, the proxy's client span as parent.
+    path, seen = scripted.seen[-1]
+    assert path == CREATE
+    assert seen["traceparent"] == f"00-{TRACE_ID}-{client.context.span_id:016x}-01"
+    assert seen["tracestate"] == "vendor=opaque"
+    assert [k for k, _ in scripted.raw_seen[-1]].count("traceparent") == 1
+    assert server.name == client.name == "csi.v1.Controller/CreateVolume"
+    assert server.attributes["rpc.system"] == "grpc"
+    assert server.attributes["rpc.service"] == "csi.v1.Controller"
+    assert server.attributes["rpc.method"] == "CreateVolume"
+    assert server.attributes["rpc.grpc.status_code"] == 0
+    assert server.attributes["plugproxy.keys"] == ("volume-name:pvc-1",)
+    assert client.attributes["rpc.grpc.status_code"] == 0
+    assert client.attributes["server.address"] == f"unix://{upstream}"
+    assert server.start_time <= client.start_time <= client.end_time <= server.end_time
+    assert server.status.status_code is StatusCode.UNSET
+
+
+async def test_a_call_without_traceparent_starts_a_new_trace(plugin):
+    scripted, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    assert await run_calls(listen, upstream, [TracingStage(exporter)]) is None
+    spans = by_kind(exporter.get_finished_spans())
+    server, client = spans[SpanKind.SERVER], spans[SpanKind.CLIENT]
+    assert server.parent is None
+    _, seen = scripted.seen[-1]
+    trace_id, span_id = f"{server.context.trace_id:032x}", f"{client.context.span_id:016x}"
+    assert seen["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
+    assert int(seen["traceparent"][-2:], 16) & 1  # sampled
+    assert "tracestate" not in seen
+
+
+async def test_rejected_call_has_violation_events_and_no_client_span(plugin):
+    scripted, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    err = await run_calls(listen, upstream, [TracingStage(exporter), Violating()])
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert scripted.seen == []
+    (server,) = exporter.get_finished_spans()
+    assert server.kind is SpanKind.SERVER
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    # A CO mistake is not a server error (OpenTelemetry RPC conventions).
+    assert server.status.status_code is StatusCode.UNSET
+    (event,) = server.events
+    assert event.name == "violation"
+    assert event.attributes["rule"] == "csi.create.capabilities"
+    assert event.attributes["party"] == "co"
+    assert event.attributes["section"] == "CSI v1.12 §CreateVolume"
+
+
+async def test_plugin_errors_mark_both_spans(plugin):
+    scripted, upstream, listen = plugin
+    scripted.fail(CREATE, grpc.StatusCode.INTERNAL, "disk on fire")
+    exporter = InMemorySpanExporter()
+    err = await run_calls(listen, upstream, [TracingStage(exporter)])
+    assert err is not None and err.code() is grpc.StatusCode.INTERNAL
+    spans = by_kind(exporter.get_finished_spans())
+    for span in spans.values():
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INTERNAL.value[0]
+        # Status messages carry the code only, never the plugin's text.
+        assert "disk on fire" not in (span.status.description or "")
+
+
+async def test_serialization_wait_is_an_event_and_precedes_the_client_span(plugin):
+    _, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    assert await run_calls(listen, upstream, [TracingStage(exporter), Waiting()]) is None
+    spans = by_kind(exporter.get_finished_spans())
+    server, client = spans[SpanKind.SERVER], spans[SpanKind.CLIENT]
+    assert client.start_time - server.start_time >= 200_000_000
+    (event,) = server.events
+    assert event.name == "serialization.wait"
+    assert event.attributes["seconds"] == 0.2
+    assert event.attributes["keys"] == "volume-name:pvc-1"
+
+
+async def test_unsampled_calls_export_nothing_but_still_propagate(plugin):
+    scripted, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    stage = TracingStage(exporter, sampler=ParentBased(ALWAYS_OFF))
+    metadata = (("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-00"),)
+    assert await run_calls(listen, upstream, [stage], metadata) is None
+    assert exporter.get_finished_spans() == ()
+    _, seen = scripted.seen[-1]
+    assert seen["traceparent"].startswith(f"00-{TRACE_ID}-")
+    assert seen["traceparent"].endswith("-00")
+    assert PARENT_ID not in seen["traceparent"]
+
+
+async def test_spans_are_exported_over_otlp_grpc(plugin, monkeypatch):
+    _, upstream, listen = plugin
+    server, receiver, port = await start_receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    environ = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SERVICE_NAME": "node-proxy"}
+    stage = build_from_env(environ)
+    assert stage is not None
+    try:
+        proxy = await start_proxy(listen, upstream, stages=[stage])
+        async with channel(listen) as ch:
+            await ch.unary_unary(CREATE)(create_request(), timeout=5)
+        # Flushing blocks on the exporter's own thread; the receiver runs on this loop.
+        await asyncio.to_thread(stage.force_flush)
+        await asyncio.wait_for(receiver.received.wait(), 10)
+        await proxy.stop(0)
+    finally:
+        await server.stop(0)
+    spans = receiver.spans()
+    assert {s.name for s in spans} == {"csi.v1.Controller/CreateVolume"}
+    assert len(spans) == 2
+    names = {
+        attr.key: attr.value.string_value for res in receiver.resources() for attr in res.attributes
+    }
+    assert names["service.name"] == "node-proxy"
+
+
+def test_exporter_none_or_unset_builds_no_stage():
+    assert build_from_env({}) is None
+    assert build_from_env({"OTEL_TRACES_EXPORTER": "none"}) is None
+    assert build_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}) is None
+
+
+def test_console_exporter_builds_a_stage():
+    stage = build_from_env({"OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(stage, TracingStage)
+    asyncio.run(stage.shutdown())
+
+
+@pytest.mark.parametrize(
+    ("environ", "needle"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "grpc"),
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_TRACES_SAMPLER": "sometimes"}, "SAMPLER"),
+        (
+            {
+                "OTEL_TRACES_EXPORTER": "console",
+                "OTEL_TRACES_SAMPLER": "traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "2",
+            },
+            "between 0 and 1",
+        ),
+    ],
+)
+def test_bad_configuration_is_a_one_line_config_error(environ, needle):
+    with pytest.raises(ConfigError) as err:
+        build_from_env(environ)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_sampler_from_env():
+    ratio = sampler_from_env(
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+    )
+    assert isinstance(ratio, ParentBased)
+    assert "0.25" in ratio.get_description()
+    assert isinstance(sampler_from_env({"OTEL_TRACES_SAMPLER": "traceidratio"}), TraceIdRatioBased)
+    assert "AlwaysOn" in sampler_from_env({}).get_description()
+
+
+def test_build_reads_the_process_environment(monkeypatch):
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+
+    class Upstream:
+        address = "unix:///plugin.sock"
+
+    class Runtime:
+        upstream = Upstream()
+
+    assert tracing.build(None, Runtime()) is None  # type: ignore[arg-type]
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    stage = tracing.build(None, Runtime())  # type: ignore[arg-type]
+    assert isinstance(stage, TracingStage)
+    asyncio.run(stage.shutdown())
