@@ -46,5 +46,9 @@ docs: $(VENV)/.dev-installed
 protos: $(VENV)/.dev-installed
 	$(BIN)/python tools/gen_descriptors.py
 
+## bench: the quick benchmark (see docs/performance.md for the full run)
+bench: $(VENV)/.dev-installed
+	$(BIN)/python bench/run.py --quick
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -84,7 +84,7 @@ class Mode:
 
 
 MODES = {
-    "smoke": Mode("smoke", 0.3, 5, 1, 200, 1, 2000, 1, 0.5),
+    "smoke": Mode("smoke", 0.3, 0, 1, 200, 1, 2000, 1, 0.5),
     "quick": Mode("quick", 2.0, 100, 1, 10_000, 3, 100_000, 3, 2.0),
     "full": Mode("full", 10.0, 500, 3, 10_000, 10, 100_000, 10, 5.0),
 }
@@ -454,11 +454,15 @@ def big_calls(mode: Mode, tools: Tools, running: dict[str, Target], files: Path)
             method=payloads.LIST_VOLUMES,
             request=files / "empty.bin",
             calls=mode.list_calls,
-            warmup=1,
+            warmup=min(mode.warmup, 1),
         )
         # Other calls must keep flowing while big answers are validated and redacted.
         companion = loadgen(
-            tools, target.addr, duration=mode.companion_seconds, warmup=10, background=True
+            tools,
+            target.addr,
+            duration=mode.companion_seconds,
+            warmup=min(mode.warmup, 10),
+            background=True,
         )
         busy = loadgen(
             tools,
@@ -476,7 +480,7 @@ def big_calls(mode: Mode, tools: Tools, running: dict[str, Target], files: Path)
             request=files / "metadata_request.bin",
             server_stream=True,
             calls=mode.stream_calls,
-            warmup=1,
+            warmup=min(mode.warmup, 1),
         )
         out[name] = {
             "list_volumes": lv,

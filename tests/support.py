@@ -46,7 +46,9 @@ class RecorderPlugin(grpc.GenericRpcHandler):
         return seen
 
     async def _headers(self, context: Any) -> None:
-        await context.send_initial_metadata((("x-initial", "hello"), ("x-initial-bin", b"\x00\x01")))
+        await context.send_initial_metadata(
+            (("x-initial", "hello"), ("x-initial-bin", b"\x00\x01"))
+        )
 
     async def _maybe_fail(self, seen: Seen, context: Any) -> None:
         code = seen.metadata.get("x-fail-code")
@@ -56,7 +58,9 @@ class RecorderPlugin(grpc.GenericRpcHandler):
             if details:
                 trailing.append(("grpc-status-details-bin", details))
             await context.abort(
-                getattr(grpc.StatusCode, code), seen.metadata.get("x-fail-message", ""), tuple(trailing)
+                getattr(grpc.StatusCode, code),
+                seen.metadata.get("x-fail-message", ""),
+                tuple(trailing),
             )
 
     def service(self, details: Any) -> grpc.RpcMethodHandler | None:

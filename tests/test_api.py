@@ -15,7 +15,7 @@ class CountingDecoder:
     DESCRIPTOR = CSI.message_class("csi.v1.CreateVolumeRequest").DESCRIPTOR
 
     @classmethod
-    def FromString(cls, raw: bytes):  # noqa: N802 - protobuf's name
+    def FromString(cls, raw: bytes):
         cls.parsed += 1
         return CSI.message_class("csi.v1.CreateVolumeRequest").FromString(raw)
 

@@ -11,6 +11,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -257,3 +258,46 @@ def test_the_build_context_builds_a_complete_package(tmp_path: pathlib.Path) -> 
         if "__pycache__" not in p.parts
     }
     assert expected <= modules
+
+
+def test_serve_with_the_image_environment_writes_only_its_socket(
+    stages: list[Stage], tmp_path: pathlib.Path
+) -> None:
+    """Under a read-only root the proxy may write nothing but its socket: no bytecode,
+    no state in the working directory, HOME or TMPDIR."""
+    image_env = {k: v for k, v in env_of(stages[-1]).items() if k != "PATH"}
+    scratch = {name: tmp_path / name for name in ("cwd", "home", "tmp", "run")}
+    for path in scratch.values():
+        path.mkdir()
+    socket = scratch["run"] / "csi.sock"
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(scratch["home"]),
+        "TMPDIR": str(scratch["tmp"]),
+        **image_env,
+        "PLUGPROXY_LISTEN": f"unix://{socket}",
+        "PLUGPROXY_UPSTREAM": f"unix://{scratch['run']}/plugin.sock",
+        "PLUGPROXY_ADMIN_LISTEN": "off",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plugproxy", "serve"],
+        cwd=scratch["cwd"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "plugproxy listening" in first, first + (proc.stderr.read() if proc.stderr else "")
+        assert socket.exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not socket.exists(), "the socket is removed on shutdown"
+    for name in ("cwd", "home", "tmp"):
+        assert not any(scratch[name].iterdir()), f"wrote into {name}"

@@ -53,7 +53,9 @@ def test_identity_list_and_probe_calls_have_no_keys():
 
 
 def test_cosi_and_cmi_keys():
-    assert keys_for("/cosi.v1alpha1.Provisioner/DriverDeleteBucket", bucket_id="b1") == ("bucket:b1",)
+    assert keys_for("/cosi.v1alpha1.Provisioner/DriverDeleteBucket", bucket_id="b1") == (
+        "bucket:b1",
+    )
     assert keys_for("/cmi.v1.Machine/DeleteMachine", MachineName="m1") == ("machine:m1",)
 
 

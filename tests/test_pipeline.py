@@ -84,7 +84,7 @@ async def call_info(listen: str) -> tuple[bytes | None, grpc.aio.AioRpcError | N
 
 
 async def test_hooks_run_in_order_and_finish_in_reverse(plugin_and_paths):
-    plugin, upstream, listen, response = plugin_and_paths
+    _, upstream, listen, response = plugin_and_paths
     journal: list[str] = []
     first, second = Recording("first", journal), Recording("second", journal)
     proxy = await start_proxy(listen, upstream, stages=[first, second])
@@ -111,7 +111,9 @@ async def test_reject_answers_without_reaching_the_plugin(plugin_and_paths):
     plugin, upstream, listen, _ = plugin_and_paths
     journal: list[str] = []
     proxy = await start_proxy(
-        listen, upstream, stages=[Recording("outer", journal), Rejecting(), Recording("inner", journal)]
+        listen,
+        upstream,
+        stages=[Recording("outer", journal), Rejecting(), Recording("inner", journal)],
     )
     try:
         _, err = await call_info(listen)

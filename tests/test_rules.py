@@ -42,7 +42,13 @@ def test_every_table_compiles_against_its_descriptors():
 def test_required_field_counts_match_the_specs():
     # CSI v1.12: 72 "This field is REQUIRED" + 11 other wordings; plus 2 REQUIRED oneofs.
     counts = {
-        name: sum(1 for fields in t.required.values() for f in fields if not f.startswith("oneof:"))
+        name: sum(
+            1
+            for table in (t.required, t.required_caveat)
+            for fields in table.values()
+            for f in fields
+            if not f.startswith("oneof:")
+        )
         for name, t in TABLES.items()
     }
     assert counts == {"csi.v1": 83, "csi.v0": 40, "cosi.v1alpha1": 10, "cmi.v1": 16}
@@ -80,23 +86,56 @@ def test_message_types_without_checks_get_no_checker():
 REQUIRED_CASES = [
     # spec, message, good fields, bad fields, expected field path
     ("csi.v1", "DeleteVolumeRequest", {"volume_id": "v"}, {}, "volume_id"),
-    ("csi.v1", "CreateSnapshotRequest", {"name": "s", "source_volume_id": "v"}, {"name": "s"},
-     "source_volume_id"),
-    ("csi.v1", "GetPluginInfoResponse", {"name": "a.b", "vendor_version": "1"}, {"name": "a.b"},
-     "vendor_version"),
+    (
+        "csi.v1",
+        "CreateSnapshotRequest",
+        {"name": "s", "source_volume_id": "v"},
+        {"name": "s"},
+        "source_volume_id",
+    ),
+    (
+        "csi.v1",
+        "GetPluginInfoResponse",
+        {"name": "a.b", "vendor_version": "1"},
+        {"name": "a.b"},
+        "vendor_version",
+    ),
     ("csi.v0", "NodeGetIdResponse", {"node_id": "n"}, {}, "node_id"),
-    ("csi.v0", "Snapshot", {"id": "s", "source_volume_id": "v", "created_at": 1},
-     {"id": "s", "source_volume_id": "v"}, "created_at"),
-    ("cosi.v1alpha1", "DriverGrantBucketAccessRequest",
-     {"bucket_id": "b", "name": "n", "authentication_type": 1},
-     {"bucket_id": "b", "name": "n"}, "authentication_type"),
-    ("cosi.v1alpha1", "DriverGrantBucketAccessResponse",
-     {"account_id": "a", "credentials": {"s3": {"secrets": {"k": "v"}}}}, {"account_id": "a"},
-     "credentials"),
-    ("cmi.v1", "CreateMachineRequest", {"MachineName": "m", "ProviderSpec": b"x"},
-     {"MachineName": "m"}, "ProviderSpec"),
-    ("cmi.v1", "GetMachineStatusResponse", {"ProviderID": "p", "NodeName": "n"},
-     {"ProviderID": "p"}, "NodeName"),
+    (
+        "csi.v0",
+        "Snapshot",
+        {"id": "s", "source_volume_id": "v", "created_at": 1},
+        {"id": "s", "source_volume_id": "v"},
+        "created_at",
+    ),
+    (
+        "cosi.v1alpha1",
+        "DriverGrantBucketAccessRequest",
+        {"bucket_id": "b", "name": "n", "authentication_type": 1},
+        {"bucket_id": "b", "name": "n"},
+        "authentication_type",
+    ),
+    (
+        "cosi.v1alpha1",
+        "DriverGrantBucketAccessResponse",
+        {"account_id": "a", "credentials": {"s3": {"secrets": {"k": "v"}}}},
+        {"account_id": "a"},
+        "credentials",
+    ),
+    (
+        "cmi.v1",
+        "CreateMachineRequest",
+        {"MachineName": "m", "ProviderSpec": b"x"},
+        {"MachineName": "m"},
+        "ProviderSpec",
+    ),
+    (
+        "cmi.v1",
+        "GetMachineStatusResponse",
+        {"ProviderID": "p", "NodeName": "n"},
+        {"ProviderID": "p"},
+        "NodeName",
+    ),
 ]
 
 
@@ -287,7 +326,7 @@ def test_plugin_name_rule_per_spec(spec, message):
 
 def test_banned_control_characters_in_names():
     cap = [{"mount": {}, "access_mode": {"mode": 1}}]
-    ok = msg("csi.v1", "CreateVolumeRequest", name="pvc-1\tα", volume_capabilities=cap)
+    ok = msg("csi.v1", "CreateVolumeRequest", name="pvc-1\t\u00e9", volume_capabilities=cap)
     bad = msg("csi.v1", "CreateVolumeRequest", name="pvc\x07-1", volume_capabilities=cap)
     assert rules_of("csi.v1", ok) == []
     assert rules_of("csi.v1", bad) == [("csi.name-banned-characters", "name")]
@@ -324,3 +363,28 @@ def test_descriptors_decide_what_a_field_is():
     desc = load_spec("csi.v1").descriptor("csi.v1.NodePublishVolumeRequest")
     strings = [f.name for f in desc.fields if f.type == FieldDescriptor.TYPE_STRING]
     assert {"volume_id", "target_path", "staging_target_path"} <= set(strings)
+
+
+def test_required_with_a_caveat_is_advisory():
+    req = msg("csi.v1", "DeleteVolumeGroupSnapshotRequest", group_snapshot_id="g")
+    found = COMPILED["csi.v1"].check_message(req)
+    assert [(v.rule.id, v.rule.level, v.field) for v in found] == [
+        ("csi.required-field-caveat", "SHOULD", "snapshot_ids")
+    ]
+
+
+def test_requests_are_checked_in_full_long_response_lists_by_sample():
+    cs = COMPILED["csi.v1"]
+    ok_cap = {"mount": {}, "access_mode": {"mode": 1}}
+    caps = [ok_cap] * 1000
+    caps[700] = {"mount": {}}
+    req = msg("csi.v1", "CreateVolumeRequest", name="n", volume_capabilities=caps)
+    assert ("csi.required-field", "volume_capabilities[700].access_mode") in rules_of("csi.v1", req)
+    entries = [{"volume": {"volume_id": f"v{i}"}} for i in range(2000)]
+    entries[-1] = {}
+    resp = msg("csi.v1", "ListVolumesResponse", entries=entries)
+    checker = cs.response_checkers["csi.v1.ListVolumesResponse"]
+    out: list = []
+    checker(resp, "", out)
+    # the last entry is always among the sampled ones
+    assert [(v.rule.id, v.field) for v in out] == [("csi.required-field", "entries[1999].volume")]

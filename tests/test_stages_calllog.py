@@ -318,3 +318,20 @@ def test_build_honours_the_options():
     assert isinstance(payloads, PayloadCallLogStage) and payloads.payload_max_bytes == 16384
     with pytest.raises(ConfigError, match=r"--redact csi\.v1\.Nope\.x: csi\.v1 has no message"):
         calllog.build(ns("--redact", "csi.v1.Nope.x"), _Runtime())  # type: ignore[arg-type]
+
+
+async def test_a_response_echoing_a_request_secret_is_masked_in_the_log(plugin, make_proxy):
+    create = "/csi.v1.Controller/CreateVolume"
+    echo = CSI.message_class("csi.v1.CreateVolumeResponse")()
+    echo.volume.volume_id = "pvc-9"
+    echo.volume.volume_context["debug"] = f"created with password {SECRET}"
+    raw = echo.SerializeToString()
+    plugin.raw[create] = lambda req: raw
+    proxy = await make_proxy("--log-payloads")
+    request = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
+    request.secrets["password"] = SECRET
+    got, _ = await unary(proxy.listen, create, request.SerializeToString())
+    assert got == raw  # the CO still gets the plugin's bytes
+    (line,) = proxy.calls()
+    assert line["response"]["volume"]["volume_context"] == {"debug": "created with password ***"}
+    assert SECRET not in proxy.out.getvalue()

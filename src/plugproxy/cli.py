@@ -1,4 +1,4 @@
-"""Command line: plugproxy serve | fake-plugin | demo."""
+"""Command line: plugproxy serve | fake-plugin | demo | report."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from plugproxy import __version__, demo, serve
-from plugproxy.fakes import cli as fake_cli
+from plugproxy import __version__, demo, report, serve
 from plugproxy.endpoints import ConfigError
+from plugproxy.fakes import cli as fake_cli
 from plugproxy.options import OneLineParser, add_options
 
 
@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser = sub.add_parser("demo", help="run a volume lifecycle through the proxy")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(run=demo.run)
+
+    report_parser = sub.add_parser("report", help="print the spec violations a proxy has seen")
+    report.add_arguments(report_parser)
+    report_parser.set_defaults(run=report.run)
     return parser
 
 

@@ -6,20 +6,23 @@ Everything runs on temporary UNIX sockets with real gRPC; nothing is left behind
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any, TextIO
 
 import grpc
 from google.protobuf import json_format
 
-from plugproxy import serve
+from plugproxy import report, serve
 from plugproxy.fakes import start_fake_plugin
 from plugproxy.log import Logger
 from plugproxy.registry import Registry
 
 GIB = 1 << 30
+SECRET = "demo-secret-value-7f3c"  # must never reach the proxy's log
 
 # (method path, request as JSON) in lifecycle order; "{volume_id}" and "{snapshot_id}" are
 # filled from earlier responses.
@@ -38,7 +41,7 @@ LIFECYCLE: list[tuple[str, dict[str, Any]]] = [
             "volume_capabilities": [
                 {"mount": {"fs_type": "ext4"}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
             ],
-            "secrets": {"password": "demo-secret-value"},
+            "secrets": {"password": SECRET},
         },
     ),
     (
@@ -110,9 +113,9 @@ LIFECYCLE: list[tuple[str, dict[str, Any]]] = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--proxy-log",
-        choices=("stderr", "off"),
-        default="stderr",
-        help="where the proxy's own log lines go while the demo runs",
+        choices=("excerpt", "stderr"),
+        default="excerpt",
+        help="show an excerpt of the proxy's log (default) or all of it on stderr",
     )
 
 
@@ -183,29 +186,113 @@ async def drive_lifecycle(target: str, tmp: str, out: TextIO) -> int:
     return failures
 
 
+class _Tee(io.StringIO):
+    """Keeps the proxy's log for the excerpt, and copies it to stderr when asked."""
+
+    def __init__(self, echo: bool) -> None:
+        super().__init__()
+        self.echo = echo
+
+    def write(self, text: str) -> int:
+        if self.echo:
+            sys.stderr.write(text)
+        return super().write(text)
+
+
+async def _call(ch: grpc.aio.Channel, path: str, body: dict[str, Any]) -> str:
+    info = Registry(["csi.v1"]).lookup(path)
+    assert info.request_class is not None
+    request = json_format.ParseDict(body, info.request_class(), ignore_unknown_fields=False)
+    try:
+        await ch.unary_unary(path)(request.SerializeToString(), timeout=10)
+    except grpc.aio.AioRpcError as err:
+        return f"{err.code().name}: {err.details()}"
+    return "OK"
+
+
+async def show_violations(target: str, fake: Any, admin: str, out: TextIO) -> None:
+    """One request that breaks the spec, one plugin answer that does; then the report."""
+    capability = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+    async with grpc.aio.insecure_channel(target) as ch:
+        outcome = await _call(ch, "/csi.v1.Controller/CreateVolume", {"name": "pvc-\u0007bell"})
+        out.write(
+            f"  CO sends CreateVolume with a control character and no capabilities: {outcome}\n"
+        )
+        fake.plugin.knobs.misbehave.add("create-volume-capacity-out-of-range")
+        outcome = await _call(
+            ch,
+            "/csi.v1.Controller/CreateVolume",
+            {
+                "name": "pvc-demo-0002",
+                "capacity_range": {"required_bytes": str(GIB), "limit_bytes": str(2 * GIB)},
+                "volume_capabilities": [capability],
+            },
+        )
+        fake.plugin.knobs.misbehave.clear()
+        out.write(f"  plugin answers CreateVolume with a capacity outside the range: {outcome}\n\n")
+    report.render(report.fetch(admin), out)
+
+
+def show_metrics(admin: str, out: TextIO) -> None:
+    with urllib.request.urlopen(f"{admin}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    wanted = (
+        'plugproxy_rpc_duration_seconds_count{code="OK",method="/csi.v1.Controller/CreateVolume"',
+        "csi_sidecar_operations_seconds_count{",
+        "plugproxy_violations_total{",
+        "plugproxy_upstream_up ",
+    )
+    shown = 0
+    for line in text.splitlines():
+        if line.startswith(wanted) and shown < 8:
+            out.write(f"  {line}\n")
+            shown += 1
+
+
+def show_log_excerpt(log: str, out: TextIO) -> None:
+    for line in log.splitlines():
+        if "/CreateVolume" in line and "pvc-demo-0001" in line and "request=" in line:
+            out.write(f"  {line[:600]}{'…' if len(line) > 600 else ''}\n")
+            break
+    leaked = SECRET in log
+    out.write(
+        f"\n  the CreateVolume secret appears in the proxy's log: {'YES' if leaked else 'no'}\n"
+    )
+
+
 async def run(ns: argparse.Namespace) -> int:
     out = sys.stdout
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/csi.sock"
         fake = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}")
         proxy_ns = serve.parse_args(
-            ["--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"]
-            + ["--admin-listen", "off"],
+            [
+                *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
+                *("--admin-listen", "127.0.0.1:0", "--log-payloads", "--log-format", "text"),
+            ],
             environ={},
         )
-        log_stream = sys.stderr if ns.proxy_log == "stderr" else open("/dev/null", "w")  # noqa: SIM115
-        proxy = serve.ProxyServer(proxy_ns, logger=Logger(log_stream, fmt="text"))
+        log = _Tee(echo=ns.proxy_log == "stderr")
+        proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
         await proxy.start()
         await proxy.upstream.wait_ready(5)
+        assert proxy.admin is not None
+        admin = f"http://127.0.0.1:{proxy.admin.port}"
+        target = f"unix:{proxy_sock}"
         out.write("plugproxy demo: CO -> plugproxy -> fake CSI plugin\n")
-        out.write(f"  CO socket     unix://{proxy_sock}\n  plugin socket unix://{plugin_sock}\n\n")
-        out.write("Volume lifecycle through the proxy:\n")
+        out.write(f"  CO socket     unix://{proxy_sock}\n  plugin socket unix://{plugin_sock}\n")
+        out.write(f"  admin         {admin}  (/metrics /healthz /readyz /violations)\n\n")
+        out.write("1. Volume lifecycle through the proxy:\n")
         try:
-            failures = await drive_lifecycle(f"unix:{proxy_sock}", tmp, out)
+            failures = await drive_lifecycle(target, tmp, out)
+            out.write(f"\n  {len(LIFECYCLE) - failures}/{len(LIFECYCLE)} calls succeeded\n\n")
+            out.write("2. Violations caught (audit mode: calls pass, breaches are reported):\n")
+            await show_violations(target, fake, admin, out)
+            out.write("\n3. Metrics scraped from /metrics (excerpt):\n")
+            show_metrics(admin, out)
+            out.write("\n4. The call log, secrets redacted (CreateVolume with payloads):\n")
+            show_log_excerpt(log.getvalue(), out)
         finally:
             await proxy.stop(1)
             await fake.stop(0)
-            if log_stream is not sys.stderr:
-                log_stream.close()
-        out.write(f"\n{len(LIFECYCLE) - failures}/{len(LIFECYCLE)} calls succeeded through the proxy\n")
-        return 0 if failures == 0 else 1
+        return 0 if failures == 0 and SECRET not in log.getvalue() else 1

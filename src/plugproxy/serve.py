@@ -13,7 +13,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from plugproxy import __version__, admin, pipeline, readiness, transport
-from plugproxy.api import Runtime, Stage, UpstreamState
+from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
 from plugproxy.endpoints import ConfigError, Endpoint, parse_endpoint
 from plugproxy.log import LEVELS, Logger
 from plugproxy.options import OneLineParser, Option, add_options, byte_size, duration, octal_mode
@@ -183,6 +183,7 @@ class ProxyServer:
         routes.setdefault("/healthz", admin.healthz)
         routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
         routes.setdefault("/metrics", admin.metrics(self.metrics))
+        routes.setdefault("/debug/tasks", _task_count(asyncio.get_running_loop()))
         if self.settings.admin is not None:
             host, port = self.settings.admin
             self.admin = admin.AdminServer(host, port, routes, self.logger)
@@ -213,6 +214,15 @@ class ProxyServer:
         await self.upstream.close()
         if self.settings.listen.is_unix:
             remove_socket(self.settings.listen.path)
+
+
+def _task_count(loop: asyncio.AbstractEventLoop) -> AdminHandler:
+    """GET /debug/tasks: asyncio tasks alive on the proxy's loop (leak checks, soak runs)."""
+
+    def handler() -> tuple[int, str, bytes]:
+        return 200, "text/plain; charset=utf-8", b"%d\n" % len(asyncio.all_tasks(loop))
+
+    return handler
 
 
 async def run(ns: argparse.Namespace) -> int:

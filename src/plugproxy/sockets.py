@@ -47,7 +47,20 @@ def prepare_listen_path(path: str) -> None:
 
 
 def restrict_socket(path: str, mode: int) -> None:
-    os.chmod(path, mode)
+    """chmod our socket without following a symlink that replaced it since it was bound."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ConfigError(f"listen socket {path} vanished before its mode was set") from None
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ConfigError(f"listen path {path} is no longer our socket; refusing to chmod it")
+        try:
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        except FileNotFoundError:  # no /proc: the check above still ruled out a symlink
+            os.chmod(path, mode)
+    finally:
+        os.close(fd)
 
 
 def remove_socket(path: str) -> None:

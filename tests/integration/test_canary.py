@@ -244,8 +244,8 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
     )
     memory: Any = None
     if tracing:
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
             InMemorySpanExporter,
         )
 

@@ -14,6 +14,7 @@ import grpc
 import pytest
 import yaml
 
+from plugproxy.fakes import start_fake_plugin
 from plugproxy.registry import load_spec
 from plugproxy.stages import metrics
 from tests.support import channel, start_proxy, wait_until
@@ -187,3 +188,42 @@ async def test_dashboard_and_alerts_use_only_registered_metric_names(everything_
     ):
         pytest.xfail("the validation stage that registers plugproxy_violations_total is absent")
     assert not missing, f"dashboard/alerts use metrics nothing registers: {sorted(missing)}"
+
+
+async def test_fake_csi_plugin_stream_counts_driver_name_and_probe(tmp_path):
+    """Against the bundled fake CSI plugin: volume, snapshot, then a metadata stream."""
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "proxy.sock")
+    handle = await start_fake_plugin("csi.v1", f"unix://{upstream}")
+    proxy = await start_proxy(listen, upstream, "--admin-listen", "127.0.0.1:0")
+    try:
+        metrics_stage = next(s for s in proxy.stages if s.name == "metrics")
+        await wait_until(lambda: metrics_stage.driver_name != "unknown-driver")  # type: ignore[attr-defined]
+        assert await http_get(proxy, "/readyz") == (200, "ready")
+        cls = CSI.message_class
+        async with channel(listen) as ch:
+            raw = await ch.unary_unary(CREATE)(create_request(), timeout=5)
+            volume_id = cls("csi.v1.CreateVolumeResponse").FromString(raw).volume.volume_id
+            snap_req = cls("csi.v1.CreateSnapshotRequest")(
+                source_volume_id=volume_id, name="snap-a"
+            )
+            raw = await ch.unary_unary("/csi.v1.Controller/CreateSnapshot")(
+                snap_req.SerializeToString(), timeout=5
+            )
+            snapshot_id = cls("csi.v1.CreateSnapshotResponse").FromString(raw).snapshot.snapshot_id
+            alloc = cls("csi.v1.GetMetadataAllocatedRequest")(
+                snapshot_id=snapshot_id, max_results=1
+            )
+            got = [
+                m async for m in ch.unary_stream(ALLOCATED)(alloc.SerializeToString(), timeout=5)
+            ]
+        status, body = await http_get(proxy, "/metrics")
+    finally:
+        await proxy.stop(0)
+        await handle.stop()
+    assert status == 200 and got
+    samples = parse(body)
+    assert value(samples, STREAMED, method=ALLOCATED, direction="response") == len(got)
+    name = handle.plugin.plugin_name
+    csi = "csi_sidecar_operations_seconds_count"
+    assert value(samples, csi, driver_name=name, method_name=ALLOCATED, grpc_status_code="OK") == 1
+    assert value(samples, csi, driver_name=name, method_name=CREATE, grpc_status_code="OK") == 1

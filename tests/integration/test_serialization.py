@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from plugproxy.fakes import FakeKnobs, start_fake_plugin
 from plugproxy.registry import Registry
 from plugproxy.serve import ProxyServer
 from plugproxy.stages.serialize import SerializeStage
@@ -29,8 +30,9 @@ VOLUME_FIELDS = ("volume_id", "source_volume_id", "source_volume_ids")
 
 
 class OverlapPlugin(grpc.GenericRpcHandler):
-    """Answers every unary method of the registry with an empty message after a delay
-    (``x-delay`` metadata, seconds), recording the calls in flight per volume."""
+    """Answers every unary method of the registry with an empty message, after a delay for
+    calls naming a volume (``x-delay`` metadata overrides it), recording the calls in flight
+    per volume."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
@@ -69,7 +71,8 @@ class OverlapPlugin(grpc.GenericRpcHandler):
                 self.inflight[v] += 1
                 self.max_overlap[v] = max(self.max_overlap[v], self.inflight[v])
             try:
-                await asyncio.sleep(float(metadata.get("x-delay", self.delay)))
+                # Keyless calls (the proxy's own capability queries among them) are quick.
+                await asyncio.sleep(float(metadata.get("x-delay", self.delay if volumes else 0)))
                 if "x-fail" in metadata:
                     await context.abort(grpc.StatusCode.INTERNAL, "plugin failed on purpose")
                 return b""
@@ -300,3 +303,40 @@ async def test_calls_holding_two_keys_do_not_deadlock(make):
     assert codes == [grpc.StatusCode.OK] * len(calls)
     assert dict(s.plugin.max_overlap) == {"va": 1, "vb": 1}
     assert len(s.stage.table) == 0 and s.stage.table.waiting == 0
+
+
+# The bundled fake plugins record the calls in flight per resource key themselves.
+FAKE_CASES = [
+    ("csi.v1", "/csi.v1.Node/NodeGetVolumeStats", "NodeGetVolumeStats", "volume_id"),
+    (
+        "cosi.v1alpha1",
+        "/cosi.v1alpha1.Provisioner/DriverDeleteBucket",
+        "DriverDeleteBucket",
+        "bucket_id",
+    ),
+    ("cmi.v1", "/cmi.v1.Machine/GetMachineStatus", "GetMachineStatus", "MachineName"),
+]
+
+
+@pytest.mark.parametrize(("spec", "path", "rpc", "field"), FAKE_CASES)
+@pytest.mark.parametrize("mode", ["wait", "off"])
+async def test_bundled_fake_sees_one_call_per_resource(tmp_path, spec, path, rpc, field, mode):
+    upstream, listen = str(tmp_path / "fake.sock"), str(tmp_path / "proxy.sock")
+    handle = await start_fake_plugin(spec, f"unix://{upstream}", FakeKnobs(delays={rpc: 0.02}))
+    proxy = await start_proxy(listen, upstream, "--serialize", mode)
+    try:
+        assert await proxy.upstream.wait_ready(5)
+        calls = [request(path, **{field: f"res-{i % 3}"}) for i in range(24)]
+        async with channel(listen) as ch:
+            codes = await asyncio.gather(*(send(ch, path, b) for b in calls))
+        # Unknown resources may get NOT_FOUND from the fake; the proxy itself never aborts.
+        assert grpc.StatusCode.ABORTED not in codes
+        overlap = handle.plugin.max_overlap_per_key()
+        assert set(overlap) == {"res-0", "res-1", "res-2"}
+        if mode == "wait":
+            assert set(overlap.values()) == {1}
+        else:
+            assert max(overlap.values()) > 1
+    finally:
+        await proxy.stop(0)
+        await handle.stop()

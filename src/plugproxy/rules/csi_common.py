@@ -38,6 +38,13 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             "A field the spec marks REQUIRED is missing (empty, absent, or no oneof member).",
         ),
         Rule(
+            "csi.required-field-caveat",
+            SHOULD,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "A REQUIRED field is missing whose caveat lets the plugin do without it (advisory).",
+        ),
+        Rule(
             "csi.size-limit",
             MUST,
             BOTH,

@@ -1,7 +1,9 @@
 """Rule table of CSI v1.12 (package csi.v1).
 
 REQUIRED fields: every field the spec's messages mark "This field is REQUIRED" (72) or
-"This is a REQUIRED field" / "... is REQUIRED." (11), 83 in all. The engine checks those
+"This is a REQUIRED field" / "... is REQUIRED." (11), 83 in all; the two group snapshot
+``snapshot_ids`` carry a caveat a plugin may rely on and are advisories
+(``csi.required-field-caveat``). The engine checks those
 proto3 can see (strings, bytes, maps, repeated, messages, enums, oneofs); the REQUIRED bool
 and number fields are listed for completeness and skipped. Two oneofs are REQUIRED by the
 text around them: VolumeCapability's access type and VolumeContentSource's type.
@@ -55,14 +57,21 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "CreateVolumeGroupSnapshotRequest": ("name", "source_volume_ids"),
     "CreateVolumeGroupSnapshotResponse": ("group_snapshot",),
     "VolumeGroupSnapshot": ("group_snapshot_id", "snapshots", "creation_time", "ready_to_use"),
-    "DeleteVolumeGroupSnapshotRequest": ("group_snapshot_id", "snapshot_ids"),
-    "GetVolumeGroupSnapshotRequest": ("group_snapshot_id", "snapshot_ids"),
+    "DeleteVolumeGroupSnapshotRequest": ("group_snapshot_id",),
+    "GetVolumeGroupSnapshotRequest": ("group_snapshot_id",),
     "GetVolumeGroupSnapshotResponse": ("group_snapshot",),
     "BlockMetadata": ("byte_offset", "size_bytes"),
     "GetMetadataAllocatedRequest": ("snapshot_id", "starting_offset"),
     "GetMetadataAllocatedResponse": ("block_metadata_type", "volume_capacity_bytes"),
     "GetMetadataDeltaRequest": ("base_snapshot_id", "target_snapshot_id", "starting_offset"),
     "GetMetadataDeltaResponse": ("block_metadata_type", "volume_capacity_bytes"),
+}
+
+# REQUIRED, but the text around them says a plugin may not rely on them ("If SP does not
+# need to rely on this field ... SHOULD check this field"): judged as advisories.
+REQUIRED_CAVEAT: dict[str, tuple[str, ...]] = {
+    "DeleteVolumeGroupSnapshotRequest": ("snapshot_ids",),
+    "GetVolumeGroupSnapshotRequest": ("snapshot_ids",),
 }
 
 # Fields whose description overrides the general size limit (None: no limit stated).
@@ -181,6 +190,7 @@ TABLE = SpecTable(
     package="csi.v1",
     rules=csi_rules(TITLE, v1=True),
     required=REQUIRED,
+    required_caveat=REQUIRED_CAVEAT,
     size_overrides=SIZE_OVERRIDES,
     size_recommended={("NodeGetInfoResponse", "node_id"): 128},
     repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},

@@ -78,6 +78,8 @@ class SpecTable:
     rules: tuple[Rule, ...]
     # Family 1: REQUIRED fields. Message -> field names; "oneof:<name>" for a oneof.
     required: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # REQUIRED fields whose per-RPC caveat lets a plugin do without them: advisory only.
+    required_caveat: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     required_nonzero: frozenset[FieldRef] = frozenset()
     # Family 2: size limits. None = no limit (the spec overrides the general one).
     string_limit: int = 128
@@ -120,7 +122,8 @@ class CompiledSpec:
     table: SpecTable
     spec: SpecInfo
     rules: Mapping[str, Rule]
-    checkers: Mapping[str, Checker]  # full message name -> checker
+    checkers: Mapping[str, Checker]  # full message name -> checker (requests: everything)
+    response_checkers: Mapping[str, Checker]  # the same, sampling long lists of messages
 
     def rule(self, suffix: str) -> Rule:
         return self.rules[f"{self.table.family}.{suffix}"]
@@ -403,20 +406,40 @@ def _non_negative_op(fd: FieldDescriptor, rule: Rule) -> Op:
     return plain
 
 
-def _nested_op(fd: FieldDescriptor, checker: Checker) -> Op:
+def _spread(n: int, sample: int | None) -> range | list[int]:
+    """Indices to check of ``n`` elements: all, or ``sample`` spread evenly incl. the last."""
+    if sample is None or n <= sample:
+        return range(n)
+    step = -(-n // (sample - 1))
+    picked = list(range(0, n, step))
+    if picked[-1] != n - 1:
+        picked.append(n - 1)
+    return picked
+
+
+def _nested_op(fd: FieldDescriptor, checker: Checker, sample: int | None) -> Op:
     name = fd.name
     if _is_map(fd):
 
         def map_values(msg: Any, prefix: str, out: list[Violation]) -> None:
-            for k, v in getattr(msg, name).items():
-                checker(v, f"{prefix}{name}[{len(str(k))}-char key].", out)
+            m = getattr(msg, name)
+            if not m:
+                return
+            values = list(m.values())
+            for i in _spread(len(values), sample):
+                checker(values[i], f"{prefix}{name}[entry {i}].", out)
 
         return map_values
     if fd.is_repeated:
 
         def each(msg: Any, prefix: str, out: list[Violation]) -> None:
-            for i, v in enumerate(getattr(msg, name)):
-                checker(v, f"{prefix}{name}[{i}].", out)
+            values = getattr(msg, name)
+            if sample is None or len(values) <= sample:
+                for i, v in enumerate(values):
+                    checker(v, f"{prefix}{name}[{i}].", out)
+                return
+            for i in _spread(len(values), sample):
+                checker(values[i], f"{prefix}{name}[{i}].", out)
 
         return each
 
@@ -439,7 +462,14 @@ def _sequence(ops: tuple[Op, ...]) -> Checker:
 
 
 class _Compiler:
-    def __init__(self, table: SpecTable, spec: SpecInfo, rules: Mapping[str, Rule]) -> None:
+    def __init__(
+        self,
+        table: SpecTable,
+        spec: SpecInfo,
+        rules: Mapping[str, Rule],
+        sample: int | None = None,
+    ) -> None:
+        self.sample = sample
         self.table = table
         self.spec = spec
         self.rules = rules
@@ -454,13 +484,17 @@ class _Compiler:
         self._overrides = {self._ref(r): v for r, v in table.size_overrides.items()}
         self._recommended = {self._ref(r): v for r, v in table.size_recommended.items()}
         self._totals = {self._ref(r): v for r, v in table.repeated_total_limits.items()}
-        self._required: dict[str, tuple[str, ...]] = {}
-        for msg_name, names in table.required.items():
-            desc = self._desc(msg_name)
-            for n in names:
-                if not n.startswith("oneof:"):
-                    _fd(desc, n, table.spec)
-            self._required[desc.full_name] = names
+        self._required: dict[str, list[tuple[str, str]]] = {}
+        for suffix, required in (
+            ("required-field", table.required),
+            ("required-field-caveat", table.required_caveat),
+        ):
+            for msg_name, names in required.items():
+                desc = self._desc(msg_name)
+                for n in names:
+                    if not n.startswith("oneof:"):
+                        _fd(desc, n, table.spec)
+                    self._required.setdefault(desc.full_name, []).append((suffix, n))
 
     def _desc(self, msg_name: str) -> Descriptor:
         try:
@@ -506,9 +540,8 @@ class _Compiler:
         t = self.table
         ops: list[Op] = []
         key = desc.full_name
-        required = self._required.get(key, ())
-        req_rule = self.rule("required-field")
-        for name in required:
+        for suffix, name in self._required.get(key, ()):
+            req_rule = self.rule(suffix)
             if name.startswith("oneof:"):
                 ops.append(_oneof_op(desc, name[6:], req_rule, t.spec))
                 continue
@@ -558,12 +591,23 @@ class _Compiler:
                     continue  # google.protobuf well-known types carry no spec rules
                 nested = self.compile(target)
                 if nested is not None:
-                    ops.append(_nested_op(fd, nested))
+                    ops.append(_nested_op(fd, nested, self.sample))
         return ops
 
 
-def compile_table(table: SpecTable, spec: SpecInfo) -> CompiledSpec:
-    """Bind ``table`` to ``spec``'s descriptors; TableError when they disagree."""
+RESPONSE_SAMPLE = 512
+
+
+def compile_table(
+    table: SpecTable, spec: SpecInfo, response_sample: int | None = RESPONSE_SAMPLE
+) -> CompiledSpec:
+    """Bind ``table`` to ``spec``'s descriptors; TableError when they disagree.
+
+    Two checker sets: requests are checked in full (enforce may reject them); responses,
+    which are only ever audited, check at most ``response_sample`` elements of a repeated
+    or map field of messages, spread evenly over it (first and last included), so a
+    10,000-entry page costs a bounded time on the event loop.
+    """
     rules = {r.id: r for r in table.rules}
     if len(rules) != len(table.rules):
         raise TableError(f"{table.spec}: duplicate rule ids")
@@ -579,8 +623,13 @@ def compile_table(table: SpecTable, spec: SpecInfo) -> CompiledSpec:
     for rpc, (_, cap) in table.rpc_gates.items():
         if cap not in enum_values:
             raise TableError(f"{table.spec}: {rpc} is gated by unknown capability {cap!r}")
-    compiler = _Compiler(table, spec, rules)
-    for full_name in spec.message_classes:
-        if full_name.startswith(table.package + "."):
-            compiler.compile(spec.descriptor(full_name))
-    return CompiledSpec(table=table, spec=spec, rules=rules, checkers=dict(compiler.checkers))
+    checkers = []
+    for sample in (None, response_sample):
+        compiler = _Compiler(table, spec, rules, sample)
+        for full_name in spec.message_classes:
+            if full_name.startswith(table.package + "."):
+                compiler.compile(spec.descriptor(full_name))
+        checkers.append(dict(compiler.checkers))
+    return CompiledSpec(
+        table=table, spec=spec, rules=rules, checkers=checkers[0], response_checkers=checkers[1]
+    )

@@ -1,9 +1,9 @@
 """What the validation stage remembers between calls: capabilities and volume lifecycles.
 
-Everything here is learned from calls seen on the wire and bounded in memory (cachetools
-TTL and LRU caches). Only what the proxy saw counts: a volume it never saw staged is not
-"unstaged", it is unknown, and unknown history is never a violation. All access happens on
-the event loop, so no locks are needed.
+Everything here is learned from calls seen on the wire and bounded in memory: capabilities
+expire after a TTL, volumes live in cachetools LRU caches. Only what the proxy saw counts:
+a volume it never saw staged is not "unstaged", it is unknown, and unknown history is
+never a violation. All access happens on the event loop, so no locks are needed.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cachetools import LRUCache, TTLCache
+from cachetools import LRUCache
 
 CAPABILITY_TTL = 300.0  # a plugin upgrade may change them; re-learn after five minutes
 QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the next
@@ -35,7 +35,9 @@ class SpecState:
     """Per-spec memory of one validation stage."""
 
     def __init__(self, max_volumes: int = 100_000, capability_ttl: float = CAPABILITY_TTL):
-        self.capabilities: TTLCache[str, frozenset[str]] = TTLCache(16, capability_ttl)
+        # kind -> (names, expiry); a handful of kinds, read on every gated call
+        self._capabilities: dict[str, tuple[frozenset[str], float]] = {}
+        self._ttl = capability_ttl
         self._query_failed: dict[str, float] = {}
         self.volumes: LRUCache[str, VolumeState] = LRUCache(max_volumes)
         # CreateVolume name -> (argument digest, volume id) of the last successful create.
@@ -45,12 +47,18 @@ class SpecState:
     # -- capabilities ---------------------------------------------------------------------
 
     def set_capabilities(self, kind: str, names: frozenset[str]) -> None:
-        self.capabilities[kind] = names
+        self._capabilities[kind] = (names, time.monotonic() + self._ttl)
         self._query_failed.pop(kind, None)
 
     def known_capabilities(self, kind: str) -> frozenset[str] | None:
         """The capabilities of ``kind`` seen recently, or None when unknown."""
-        return self.capabilities.get(kind)
+        entry = self._capabilities.get(kind)
+        if entry is None:
+            return None
+        if entry[1] < time.monotonic():
+            del self._capabilities[kind]
+            return None
+        return entry[0]
 
     def may_query(self, kind: str) -> bool:
         failed = self._query_failed.get(kind)

@@ -210,7 +210,7 @@ class ValidateStage(Stage):
             state=state,
             rpc=rpc,
             request_checker=cs.checkers.get(method.request_class.DESCRIPTOR.full_name),
-            response_checker=cs.checkers.get(method.response_class.DESCRIPTOR.full_name),
+            response_checker=cs.response_checkers.get(method.response_class.DESCRIPTOR.full_name),
             request_checks=t.request_checks.get(rpc, ()),
             response_checks=t.response_checks.get(rpc, ()),
             on_success=t.on_success.get(rpc),

@@ -1,0 +1,464 @@
+"""The validation stage: modes, per-rule overrides, enforce rejects, malformed bytes,
+capability learning, call order, and the /violations and /metrics reports over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import urllib.request
+
+import grpc
+import pytest
+
+from plugproxy.api import Call, LazyMessage, Runtime
+from plugproxy.cli import main
+from plugproxy.endpoints import ConfigError
+from plugproxy.fakes import FailureRule, FakeKnobs, SpecClient, start_fake_plugin
+from plugproxy.log import Logger
+from plugproxy.registry import Registry, load_spec
+from plugproxy.serve import parse_args
+from plugproxy.stages import validate
+from plugproxy.stages.validate import ValidateStage
+from tests.integration.test_validation_lifecycle import mount_cap, stage_of, through_proxy
+from tests.support import channel, start_proxy, start_recorder
+
+CSI = load_spec("csi.v1")
+DELETE = "/csi.v1.Controller/DeleteVolume"
+SNAPSHOT = "/csi.v1.Controller/CreateSnapshot"
+CONTROLLER_CAPS = "/csi.v1.Controller/ControllerGetCapabilities"
+
+
+def csi(type_name: str, /, **fields):
+    return CSI.message_class(f"csi.v1.{type_name}")(**fields)
+
+
+@pytest.fixture
+async def recorder(tmp_path):
+    upstream = str(tmp_path / "plugin.sock")
+    server, plugin = await start_recorder(upstream)
+    plugin.raw[DELETE] = lambda req: b""
+    yield plugin, upstream, str(tmp_path / "proxy.sock")
+    await server.stop(0)
+
+
+async def unary(listen: str, path: str, request: bytes, metadata=()):
+    async with channel(listen) as ch:
+        try:
+            return await ch.unary_unary(path)(request, timeout=5, metadata=metadata), None
+        except grpc.aio.AioRpcError as err:
+            return None, err
+
+
+def http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body: bytes = resp.read()
+    return body
+
+
+def capture_log(proxy) -> io.StringIO:
+    out = io.StringIO()
+    stage_of(proxy).logger = Logger(out)
+    return out
+
+
+# -- modes ------------------------------------------------------------------------------------
+
+
+async def test_enforce_rejects_a_bad_request_before_the_plugin(recorder):
+    plugin, upstream, listen = recorder
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    try:
+        _, err = await unary(listen, DELETE, csi("DeleteVolumeRequest").SerializeToString())
+    finally:
+        await proxy.stop(0)
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "csi.required-field" in err.details() and "volume_id" in err.details()
+    assert plugin.seen == []
+
+
+async def test_audit_passes_the_call_and_logs_without_values(recorder):
+    plugin, upstream, listen = recorder
+    proxy = await start_proxy(listen, upstream)  # audit is the default
+    out = capture_log(proxy)
+    bad = csi("DeleteVolumeRequest", volume_id="v" * 129, secrets={"bad key": "hunter2"})
+    try:
+        got, err = await unary(listen, DELETE, bad.SerializeToString(), (("csi.requestid", "77"),))
+    finally:
+        await proxy.stop(0)
+    assert err is None and got == b""
+    assert plugin.seen[0].requests == [bad.SerializeToString()]  # forwarded unchanged
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    violations = {line["rule"]: line for line in lines if line["event"] == "violation"}
+    assert set(violations) == {"csi.size-limit", "csi.secret-key-format"}
+    line = violations["csi.size-limit"]
+    assert line["rule_level"] == "MUST" and line["party"] == "co"
+    assert line["method"] == DELETE and line["field"] == "volume_id"
+    assert line["section"] == "CSI v1.12 §Size Limits"
+    assert line["request_id"] == "77"
+    assert "hunter2" not in out.getvalue() and "v" * 129 not in out.getvalue()
+
+
+async def test_shared_call_events_follow_the_convention():
+    registry = Registry(["csi.v1"])
+    runtime = Runtime(registry=registry, upstream=None, logger=Logger(io.StringIO()), metrics=None)
+    stage = ValidateStage(runtime, "audit", {})
+    method = registry.lookup(DELETE)
+    call = Call(method, (), [], 5.0)
+    call.request = LazyMessage(csi("DeleteVolumeRequest").SerializeToString(), method.request_class)
+    await stage.on_start(call)
+    assert [(e.name, e.attributes) for e in call.events] == [
+        (
+            "violation",
+            {
+                "rule": "csi.required-field",
+                "level": "MUST",
+                "party": "co",
+                "field": "volume_id",
+                "section": "CSI v1.12 §DeleteVolume",
+                "message": "volume_id is REQUIRED but empty",
+            },
+        )
+    ]
+    assert runtime.admin_routes["/violations"]()[0] == 200
+
+
+async def test_per_rule_override_beats_the_global_mode(recorder):
+    _plugin, upstream, listen = recorder
+    bad = csi("DeleteVolumeRequest").SerializeToString()
+    proxy = await start_proxy(
+        listen, upstream, "--validation", "enforce", "--rule", "csi.required-field=audit"
+    )
+    try:
+        _, err = await unary(listen, DELETE, bad)
+        assert err is None
+        assert stage_of(proxy).report.snapshot()[0]["rule"] == "csi.required-field"
+    finally:
+        await proxy.stop(0)
+    proxy = await start_proxy(
+        listen, upstream, "--validation", "audit", "--rule", "csi.required-field=enforce"
+    )
+    try:
+        _, err = await unary(listen, DELETE, bad)
+    finally:
+        await proxy.stop(0)
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    proxy = await start_proxy(
+        listen, upstream, "--validation", "audit", "--rule", "csi.required-field=off"
+    )
+    try:
+        _, err = await unary(listen, DELETE, bad)
+        assert err is None and stage_of(proxy).report.snapshot() == []
+    finally:
+        await proxy.stop(0)
+
+
+def test_off_builds_no_stage_unless_a_rule_is_switched_on():
+    argv = ["--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/b.sock"]
+    ns = parse_args([*argv, "--validation", "off"], environ={})
+    assert validate.build(ns, None) is None  # type: ignore[arg-type]
+    ns = parse_args(
+        argv,
+        environ={
+            "PLUGPROXY_VALIDATION": "off",
+            "PLUGPROXY_RULE": "csi.size-limit=audit, csi.call-order=enforce",
+        },
+    )
+    assert ns.rule == ["csi.size-limit=audit", "csi.call-order=enforce"]
+    assert validate.parse_rule_modes(ns.rule, validate.all_rules()) == {
+        "csi.size-limit": "audit",
+        "csi.call-order": "enforce",
+    }
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("csi.no-such-rule=off", "unknown rule id"),
+        ("csi.size-limit=loud", "mode must be"),
+        ("csi.size-limit", "expected ID="),
+    ],
+)
+def test_bad_rule_overrides_are_one_line_config_errors(item, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        validate.parse_rule_modes([item], validate.all_rules())
+    assert "\n" not in str(info.value)
+
+
+def test_cli_exits_2_on_an_unknown_rule(tmp_path, capsys):
+    code = main(
+        [
+            "serve",
+            "--listen",
+            f"unix://{tmp_path}/p.sock",
+            "--upstream",
+            f"unix://{tmp_path}/u.sock",
+            "--admin-listen",
+            "off",
+            "--rule",
+            "csi.nope=off",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "csi.nope" in err
+
+
+# -- malformed bytes --------------------------------------------------------------------------
+
+
+async def test_malformed_request_audit_forwards_enforce_rejects(recorder):
+    plugin, upstream, listen = recorder
+    garbage = b"\xff\xff\xff"
+    proxy = await start_proxy(listen, upstream)
+    try:
+        _got, err = await unary(listen, DELETE, garbage)
+        assert err is None and plugin.seen[-1].requests == [garbage]
+        assert stage_of(proxy).report.snapshot()[0]["rule"] == "csi.malformed-message"
+    finally:
+        await proxy.stop(0)
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    try:
+        _, err = await unary(listen, DELETE, garbage)
+    finally:
+        await proxy.stop(0)
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot decode" in err.details()
+    assert len(plugin.seen) == 1
+
+
+async def test_a_failing_request_check_fails_closed(recorder):
+    plugin, upstream, listen = recorder
+    proxy = await start_proxy(listen, upstream)
+    stage = stage_of(proxy)
+
+    def broken(*args):
+        raise RuntimeError("bug")
+
+    plan = stage._plans[DELETE]
+    stage._plans[DELETE] = type(plan)(
+        **{**{f: getattr(plan, f) for f in plan.__slots__}, "request_checks": (broken,)}
+    )
+    try:
+        _, err = await unary(
+            listen, DELETE, csi("DeleteVolumeRequest", volume_id="v").SerializeToString()
+        )
+    finally:
+        await proxy.stop(0)
+    assert err is not None and err.code() is grpc.StatusCode.INTERNAL
+    assert plugin.seen == []
+
+
+# -- error scheme --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (grpc.StatusCode.NOT_FOUND, {("csi.error-code-unexpected", "SHOULD")}),  # not in its table
+        (grpc.StatusCode.ALREADY_EXISTS, set()),  # in CreateSnapshot's table
+        (grpc.StatusCode.UNAVAILABLE, set()),  # a general code
+        (grpc.StatusCode.UNIMPLEMENTED, {("csi.unimplemented-advertised", "MUST")}),
+    ],
+)
+async def test_error_codes_against_the_rpc_error_table(code, expected, tmp_path):
+    knobs = FakeKnobs(failures={"CreateSnapshot": FailureRule(code)})
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (c, proxy):
+        await c.call("ControllerGetCapabilities")  # CREATE_DELETE_SNAPSHOT is advertised
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.call("CreateSnapshot", name="s", source_volume_id="v")
+        assert exc.value.code() is code  # audited, never altered
+        found = {(e["rule"], e["level"]) for e in stage_of(proxy).report.snapshot()}
+    assert found == expected
+
+
+# -- reports over HTTP ------------------------------------------------------------------------
+
+
+async def test_violations_and_metrics_over_http(recorder):
+    _plugin, upstream, listen = recorder
+    proxy = await start_proxy(listen, upstream, "--admin-listen", "127.0.0.1:0")
+    try:
+        for _ in range(3):
+            await unary(listen, DELETE, csi("DeleteVolumeRequest").SerializeToString())
+        base = f"http://127.0.0.1:{proxy.admin.port}"
+        report = json.loads(await asyncio.to_thread(http_get, base + "/violations"))
+        metrics = (await asyncio.to_thread(http_get, base + "/metrics")).decode()
+    finally:
+        await proxy.stop(0)
+    assert report["total"] == 3
+    (entry,) = report["violations"]
+    assert entry["rule"] == "csi.required-field" and entry["method"] == DELETE
+    assert entry["party"] == "co" and entry["level"] == "MUST" and entry["count"] == 3
+    assert entry["section"] == "CSI v1.12 §DeleteVolume"
+    assert entry["last_message"] == "volume_id is REQUIRED but empty"
+    assert entry["last_seen"].endswith("Z")
+    assert (
+        'plugproxy_violations_total{level="MUST",method="/csi.v1.Controller/DeleteVolume",'
+        'party="co",rule="csi.required-field",spec="csi.v1"} 3.0'
+    ) in metrics
+
+
+# -- capabilities -----------------------------------------------------------------------------
+
+
+def controller_caps(*names: str) -> bytes:
+    resp = csi("ControllerGetCapabilitiesResponse")
+    enum = CSI.descriptor("csi.v1.ControllerServiceCapability.RPC").enum_types_by_name["Type"]
+    for name in names:
+        resp.capabilities.add().rpc.type = enum.values_by_name[name].number
+    return resp.SerializeToString()
+
+
+async def test_proxy_asks_for_capabilities_once_and_enforces_them(recorder):
+    plugin, upstream, listen = recorder
+    plugin.raw[CONTROLLER_CAPS] = lambda req: controller_caps("CREATE_DELETE_VOLUME")
+    plugin.raw[SNAPSHOT] = lambda req: b""
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    req = csi("CreateSnapshotRequest", name="s", source_volume_id="v").SerializeToString()
+    try:
+        _, err1 = await unary(listen, SNAPSHOT, req)
+        _, err2 = await unary(listen, SNAPSHOT, req)
+    finally:
+        await proxy.stop(0)
+    for err in (err1, err2):
+        assert err is not None and err.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "csi.capability-not-advertised" in err.details()
+        assert "CREATE_DELETE_SNAPSHOT" in err.details()
+    assert [s.method for s in plugin.seen] == [CONTROLLER_CAPS]  # asked once, by the proxy
+
+
+async def test_capability_query_failure_fails_open(recorder):
+    plugin, upstream, listen = recorder  # the recorder does not answer capability queries
+    plugin.raw[SNAPSHOT] = lambda req: b""
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    req = csi("CreateSnapshotRequest", name="s", source_volume_id="v").SerializeToString()
+    try:
+        _, err = await unary(listen, SNAPSHOT, req)
+        _, err2 = await unary(listen, SNAPSHOT, req)
+    finally:
+        await proxy.stop(0)
+    assert err is None and err2 is None
+    assert [s.method for s in plugin.seen] == [SNAPSHOT, SNAPSHOT]
+
+
+async def test_capabilities_seen_on_the_wire_are_used(recorder):
+    plugin, upstream, listen = recorder
+    plugin.raw[CONTROLLER_CAPS] = lambda req: controller_caps("CREATE_DELETE_SNAPSHOT")
+    plugin.raw[SNAPSHOT] = lambda req: csi(
+        "CreateSnapshotResponse",
+        snapshot={"snapshot_id": "s1", "source_volume_id": "v", "creation_time": {"seconds": 1}},
+    ).SerializeToString()
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    try:
+        await unary(listen, CONTROLLER_CAPS, b"")
+        got, err = await unary(
+            listen,
+            SNAPSHOT,
+            csi("CreateSnapshotRequest", name="s", source_volume_id="v").SerializeToString(),
+        )
+    finally:
+        await proxy.stop(0)
+    assert err is None and got
+    assert stage_of(proxy).report.snapshot() == []
+
+
+# -- call order -------------------------------------------------------------------------------
+
+
+async def test_call_order_violations_are_enforced(tmp_path):
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce") as (c, proxy):
+        info = await c.call("NodeGetInfo")
+        await c.call("NodeGetCapabilities")
+        cap = mount_cap(c)
+        vid = (await c.call("CreateVolume", name="p", volume_capabilities=[cap])).volume.volume_id
+        # NodePublish of a volume known not to be staged, with STAGE_UNSTAGE advertised
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.call(
+                "NodePublishVolume",
+                volume_id=vid,
+                staging_target_path="/s",
+                target_path="/t",
+                volume_capability=cap,
+            )
+        assert exc.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "csi.call-order" in exc.value.details()
+        await c.call(
+            "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
+        )
+        await c.call(
+            "NodeStageVolume", volume_id=vid, staging_target_path="/s", volume_capability=cap
+        )
+        await c.call(
+            "NodePublishVolume",
+            volume_id=vid,
+            staging_target_path="/s",
+            target_path="/t",
+            volume_capability=cap,
+        )
+        for rpc, fields in (
+            ("NodeUnstageVolume", {"staging_target_path": "/s"}),
+            ("ControllerUnpublishVolume", {"node_id": info.node_id}),
+            ("DeleteVolume", {}),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await c.call(rpc, volume_id=vid, **fields)
+            assert exc.value.code() is grpc.StatusCode.FAILED_PRECONDITION, rpc
+            assert "csi.call-order" in exc.value.details()
+        # in order, everything passes
+        await c.call("NodeUnpublishVolume", volume_id=vid, target_path="/t")
+        await c.call("NodeUnstageVolume", volume_id=vid, staging_target_path="/s")
+        await c.call("ControllerUnpublishVolume", volume_id=vid, node_id=info.node_id)
+        await c.call("DeleteVolume", volume_id=vid)
+        rules = {(e["rule"], e["party"], e["count"]) for e in stage_of(proxy).report.snapshot()}
+        assert rules == {("csi.call-order", "co", 1)} | {("csi.call-order", "co", 1)} or all(
+            r[0] == "csi.call-order" for r in rules
+        )
+
+
+async def test_history_the_proxy_never_saw_is_not_a_violation(tmp_path):
+    plugin_sock = os.path.join(tmp_path, "plugin.sock")
+    proxy_sock = os.path.join(tmp_path, "proxy.sock")
+    handle = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}")
+    direct = SpecClient(f"unix://{plugin_sock}", "csi.v1")
+    cap = mount_cap(direct)
+    info = await direct.call("NodeGetInfo")
+    vid = (await direct.call("CreateVolume", name="p", volume_capabilities=[cap])).volume.volume_id
+    await direct.call(
+        "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
+    )
+    await direct.call(
+        "NodeStageVolume", volume_id=vid, staging_target_path="/s", volume_capability=cap
+    )
+    await direct.call(
+        "NodePublishVolume",
+        volume_id=vid,
+        staging_target_path="/s",
+        target_path="/t",
+        volume_capability=cap,
+    )
+    # The proxy starts mid-life and sees only the tail of the lifecycle.
+    proxy = await start_proxy(proxy_sock, plugin_sock, "--validation", "enforce")
+    client = SpecClient(f"unix://{proxy_sock}", "csi.v1")
+    try:
+        await client.call("NodeGetInfo")
+        await client.call("NodeGetCapabilities")
+        await client.call("NodeUnpublishVolume", volume_id=vid, target_path="/t")
+        await client.call(
+            "NodePublishVolume",
+            volume_id=vid,
+            staging_target_path="/s",
+            target_path="/t2",
+            volume_capability=cap,
+        )
+        await client.call("NodeUnpublishVolume", volume_id=vid, target_path="/t2")
+        await client.call("NodeUnstageVolume", volume_id=vid, staging_target_path="/s")
+        await client.call("ControllerUnpublishVolume", volume_id=vid, node_id=info.node_id)
+        await client.call("DeleteVolume", volume_id=vid)
+        assert stage_of(proxy).report.snapshot() == []
+    finally:
+        await client.close()
+        await direct.close()
+        await proxy.stop(0)
+        await handle.stop(0)
