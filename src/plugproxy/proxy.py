@@ -130,6 +130,14 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             details = f"plugproxy: plugin response exceeds --max-message-bytes: {details}"
         return code, details
 
+    def _record_upstream_error(self, call: Call, err: grpc.aio.AioRpcError) -> None:
+        """The plugin's status becomes the call's, unless a stage already answered it."""
+        if call.rejected:
+            return
+        call.code, call.details = self._upstream_error(err)
+        call.initial_metadata = tuple(err.initial_metadata() or ())
+        call.trailing_metadata = tuple(err.trailing_metadata() or ())
+
     async def _abort(
         self,
         context: ServicerContext,
@@ -204,9 +212,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
             except grpc.aio.AioRpcError as err:
-                call.code, call.details = self._upstream_error(err)
-                call.initial_metadata = tuple(err.initial_metadata() or ())
-                call.trailing_metadata = tuple(err.trailing_metadata() or ())
+                self._record_upstream_error(call, err)
         except asyncio.CancelledError:
             call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
             raise
@@ -257,9 +263,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
             except grpc.aio.AioRpcError as err:
-                call.code, call.details = self._upstream_error(err)
-                call.initial_metadata = tuple(err.initial_metadata() or ())
-                call.trailing_metadata = tuple(err.trailing_metadata() or ())
+                self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
             call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
@@ -331,10 +335,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
             except grpc.aio.AioRpcError as err:
-                if not call.rejected:
-                    call.code, call.details = self._upstream_error(err)
-                    call.initial_metadata = tuple(err.initial_metadata() or ())
-                    call.trailing_metadata = tuple(err.trailing_metadata() or ())
+                self._record_upstream_error(call, err)
         except asyncio.CancelledError:
             call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
@@ -381,10 +382,7 @@ class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
             except grpc.aio.AioRpcError as err:
-                if not call.rejected:
-                    call.code, call.details = self._upstream_error(err)
-                    call.initial_metadata = tuple(err.initial_metadata() or ())
-                    call.trailing_metadata = tuple(err.trailing_metadata() or ())
+                self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
             call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
