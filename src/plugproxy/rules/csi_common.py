@@ -488,6 +488,19 @@ class CsiChecks:
 
     # -- bookkeeping after success (call order state) ---------------------------------
 
+    def lifecycle_transitions(self) -> dict[str, Any]:
+        """Successful calls that move a volume along the CSI v1.12 §Volume Lifecycle figures."""
+        return {
+            "CreateVolume": self.created,
+            "DeleteVolume": self.deleted,
+            "ControllerPublishVolume": self.controller_published,
+            "ControllerUnpublishVolume": self.controller_unpublished,
+            "NodeStageVolume": self.staged,
+            "NodeUnstageVolume": self.unstaged,
+            "NodePublishVolume": self.published,
+            "NodeUnpublishVolume": self.unpublished,
+        }
+
     def created(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         vid = getattr(resp.volume, self.volume_id) if resp is not None else ""
         if not vid:

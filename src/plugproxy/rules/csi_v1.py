@@ -238,14 +238,5 @@ TABLE = SpecTable(
         "GetMetadataAllocated": (_checks.metadata_response,),
         "GetMetadataDelta": (_checks.metadata_response,),
     },
-    on_success={
-        "CreateVolume": _checks.created,
-        "DeleteVolume": _checks.deleted,
-        "ControllerPublishVolume": _checks.controller_published,
-        "ControllerUnpublishVolume": _checks.controller_unpublished,
-        "NodeStageVolume": _checks.staged,
-        "NodeUnstageVolume": _checks.unstaged,
-        "NodePublishVolume": _checks.published,
-        "NodeUnpublishVolume": _checks.unpublished,
-    },
+    on_success=_checks.lifecycle_transitions(),
 )
