@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import pytest
 
 from plugproxy import serve
 
 ECHO = "/test.Echo/"
+RELAYS = ("frames", "grpc")
+
+
+@pytest.fixture(params=RELAYS)
+def relay(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once per relay; proxies started in-process or as processes follow it."""
+    monkeypatch.setenv("PLUGPROXY_RELAY", request.param)
+    return str(request.param)
 
 
 @dataclass
@@ -141,9 +151,11 @@ class RecorderPlugin(grpc.GenericRpcHandler):
         return b""
 
 
-async def start_recorder(path: str) -> tuple[grpc.aio.Server, RecorderPlugin]:
+async def start_recorder(
+    path: str, options: tuple[tuple[str, Any], ...] = ()
+) -> tuple[grpc.aio.Server, RecorderPlugin]:
     plugin = RecorderPlugin()
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers([plugin])
     server.add_insecure_port(f"unix:{path}")
     await server.start()
@@ -156,7 +168,9 @@ async def start_proxy(
     argv = ["--listen", f"unix://{listen}", "--upstream", f"unix://{upstream}"]
     if "--admin-listen" not in args:
         argv += ["--admin-listen", "off"]
-    ns = serve.parse_args([*argv, *args], environ={})
+    # Modules that test both relays set PLUGPROXY_RELAY (see the `relay` fixture).
+    environ = {"PLUGPROXY_RELAY": os.environ.get("PLUGPROXY_RELAY", "auto")}
+    ns = serve.parse_args([*argv, *args], environ=environ)
     proxy = serve.ProxyServer(ns, stages=stages)
     await proxy.start()
     return proxy

@@ -9,7 +9,17 @@ import grpc
 import pytest
 
 from plugproxy.registry import load_spec
-from tests.support import ECHO, channel, start_proxy, start_recorder, wait_until
+from tests.support import (
+    ECHO,
+    channel,
+    relay,  # noqa: F401  # the fixture, found by name
+    start_proxy,
+    start_recorder,
+    wait_until,
+)
+
+# Every test here runs on both relays: the frame relay and the gRPC one (TLS endpoints).
+pytestmark = pytest.mark.usefixtures("relay")
 
 
 @pytest.fixture

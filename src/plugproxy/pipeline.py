@@ -62,6 +62,14 @@ class Chain:
     request: tuple[MessageFn, ...]
     response: tuple[MessageFn, ...]
     finish: tuple[FinishFn | None, ...]
+    all_sync: bool = False  # no on_start awaits: the forwarder may skip creating a task
+
+    def run_start_sync(self, call: Call) -> None:
+        """run_start for chains whose on_start hooks are all plain functions."""
+        for index, hook in enumerate(self.start):
+            call.started_stages = index + 1
+            if hook is not None:
+                hook(call)
 
     async def run_start(self, call: Call) -> None:
         """Run on_start hooks in order; ``call.started_stages`` counts the ones that ran."""
@@ -180,4 +188,5 @@ def compile_chain(stages: Sequence[Stage], method: MethodInfo, logger: Logger) -
         request=tuple(request),
         response=tuple(response),
         finish=tuple(finish),
+        all_sync=not any(start_async),
     )

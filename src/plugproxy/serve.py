@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from plugproxy import __version__, admin, pipeline, readiness, transport
 from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
-from plugproxy.endpoints import ConfigError, Endpoint, parse_endpoint
+from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
+from plugproxy.framerelay import FrameRelay
 from plugproxy.log import LEVELS, Logger
 from plugproxy.options import OneLineParser, Option, add_options, byte_size, duration, octal_mode
 from plugproxy.proxy import Proxy
@@ -66,6 +67,13 @@ CORE_OPTIONS: list[Option] = [
         default="127.0.0.1:9808",
         metavar="HOST:PORT",
     ),
+    Option(
+        "--relay",
+        "how calls are relayed: frames (HTTP/2 frame relay, plaintext sockets only), grpc "
+        "(a gRPC server and client; needed for tls://), auto (frames unless TLS is used)",
+        default="auto",
+        choices=("auto", "frames", "grpc"),
+    ),
     Option("--log-format", "log line format", default="json", choices=("json", "text")),
     Option("--log-level", "lowest level logged", default="info", choices=tuple(LEVELS)),
 ]
@@ -90,6 +98,7 @@ class Settings:
     upstream: Endpoint
     specs: tuple[str, ...]
     admin: tuple[str, int] | None
+    relay: str = "grpc"  # "frames" or "grpc", decided from --relay and the endpoints
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -106,7 +115,13 @@ def check_settings(ns: argparse.Namespace) -> Settings:
         raise ConfigError("--max-concurrent-calls must be positive")
     transport.check(ns, listen, upstream)
     specs = SPEC_NAMES if ns.spec == "auto" else (ns.spec,)
-    return Settings(listen, upstream, specs, admin.parse_admin_listen(ns.admin_listen))
+    uses_tls = Scheme.TLS in (listen.scheme, upstream.scheme)
+    relay = getattr(ns, "relay", "auto")
+    if relay == "frames" and uses_tls:
+        raise ConfigError("--relay frames relays plaintext sockets only; tls:// needs --relay grpc")
+    if relay == "auto":
+        relay = "grpc" if uses_tls else "frames"
+    return Settings(listen, upstream, specs, admin.parse_admin_listen(ns.admin_listen), relay)
 
 
 class ProxyServer:
@@ -142,7 +157,19 @@ class ProxyServer:
         self.stages: list[Stage] = (
             stages if stages is not None else pipeline.build_stages(ns, self.runtime)
         )
-        self.proxy = Proxy(self.registry, self.upstream, self.stages, self.logger)
+        self.proxy: Proxy | None = None
+        self.relay: FrameRelay | None = None
+        if self.settings.relay == "frames":
+            self.relay = FrameRelay(
+                self.registry,
+                self.upstream,
+                self.stages,
+                self.logger,
+                max_message_bytes=ns.max_message_bytes,
+                max_concurrent_calls=ns.max_concurrent_calls,
+            )
+        else:
+            self.proxy = Proxy(self.registry, self.upstream, self.stages, self.logger)
         self.server: grpc.aio.Server | None = None
         self.admin: admin.AdminServer | None = None
         self.port = 0
@@ -156,20 +183,13 @@ class ProxyServer:
         listen = self.settings.listen
         if listen.is_unix:
             prepare_listen_path(listen.path)
-        size = self.ns.max_message_bytes
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", size),
-                ("grpc.max_send_message_length", size),
-                ("grpc.so_reuseport", 0),  # a second proxy on the same port must fail, not share
-                *self.transport.server_options(),
-            ],
-            interceptors=self.transport.server_interceptors(),
-            maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
-        )
-        self.server.add_generic_rpc_handlers([self.proxy])
-        self.port = self.transport.add_listen_port(self.server)
-        await self.server.start()
+        if self.relay is not None:
+            try:
+                self.port = await self.relay.listen(listen, self.ns.socket_mode)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {listen.url}: {exc.strerror or exc}") from None
+        else:
+            await self._start_grpc_server()
         self.transport.start()
         if listen.is_unix:
             restrict_socket(listen.path, self.ns.socket_mode)
@@ -196,13 +216,32 @@ class ProxyServer:
             listen=listen.url,
             upstream=self.upstream.address,
             stages=[s.name for s in self.stages],
+            relay=self.settings.relay,
             admin=f"{self.settings.admin[0]}:{self.admin.port}"
             if self.admin and self.settings.admin
             else "off",
         )
 
+    async def _start_grpc_server(self) -> None:
+        size = self.ns.max_message_bytes
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", size),
+                ("grpc.max_send_message_length", size),
+                ("grpc.so_reuseport", 0),  # a second proxy on the same port must fail, not share
+                *self.transport.server_options(),
+            ],
+            interceptors=self.transport.server_interceptors(),
+            maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
+        )
+        self.server.add_generic_rpc_handlers([self.proxy])
+        self.port = self.transport.add_listen_port(self.server)
+        await self.server.start()
+
     async def stop(self, grace: float | None = None) -> None:
         grace = self.ns.shutdown_grace if grace is None else grace
+        if self.relay is not None:
+            await self.relay.stop(grace)
         if self.server is not None:
             await self.server.stop(grace)
         await self.transport.stop()

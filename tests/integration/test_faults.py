@@ -26,7 +26,16 @@ from plugproxy.endpoints import ConfigError
 from plugproxy.fakes import SpecClient
 from plugproxy.serve import ProxyServer
 from plugproxy.sockets import socket_answers
-from tests.support import ECHO, channel, start_proxy, start_recorder
+from tests.support import (
+    ECHO,
+    channel,
+    relay,  # noqa: F401  # the fixture, found by name
+    start_proxy,
+    start_recorder,
+)
+
+# Every test here runs on both relays: the frame relay and the gRPC one (TLS endpoints).
+pytestmark = pytest.mark.usefixtures("relay")
 
 REPO = Path(__file__).resolve().parents[2]
 CREATE = "/csi.v1.Controller/CreateVolume"
