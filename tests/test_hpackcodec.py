@@ -35,3 +35,13 @@ def test_grpc_message_percent_encoding_round_trips():
     assert all(0x20 <= b <= 0x7E for b in encoded)
     assert b"100%25" in encoded and b"'pvc-1'" in encoded
     assert hpackcodec.percent_decode(encoded) == message
+
+
+def test_blocks_of_indexed_fields_decode_as_hpack_decodes_them():
+    encoder, ours, theirs = hpack.Encoder(), hpack.Decoder(), hpack.Decoder()
+    headers = [(b":status", b"200"), (b"content-type", b"application/grpc"), (b"x-a", b"1")]
+    first = encoder.encode(headers)  # literals that enter the dynamic table
+    assert hpackcodec.decode(ours, first) == headers == list(theirs.decode(first, raw=True))
+    again = encoder.encode(headers)  # now one indexed byte per field, two of them dynamic
+    assert min(again) > 0x80 and len(again) == len(headers)
+    assert hpackcodec.decode(ours, again) == headers == list(theirs.decode(again, raw=True))

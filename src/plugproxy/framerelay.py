@@ -30,7 +30,7 @@ import base64
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,9 @@ RST_STATUS = {
     0xC: grpc.StatusCode.PERMISSION_DENIED,  # INADEQUATE_SECURITY
 }
 STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+FrameHandler = Callable[[int, int, int, bytes], None]  # (type, flags, stream, payload)
+HeadersHandler = Callable[[int, int, bytes], None]  # (stream, flags of HEADERS, whole block)
 
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
@@ -220,6 +223,49 @@ class Messages:
 
 def message_frame(compressed: bool, body: bytes) -> bytes:
     return (b"\x01" if compressed else b"\x00") + len(body).to_bytes(4, "big") + body
+
+
+class FrameReader:
+    """Splits one direction's bytes into frames and joins HEADERS with its CONTINUATIONs."""
+
+    __slots__ = ("block", "buffer")
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.block: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION
+
+    def feed(self, data: bytes, on_frame: FrameHandler, on_headers: HeadersHandler) -> str:
+        """Hand each whole frame on; returns "" or why the byte stream is not HTTP/2."""
+        buf = self.buffer
+        buf += data
+        pos, size, error = 0, len(buf), ""
+        while size - pos >= 9:
+            end = pos + 9 + ((buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2])
+            if end > size:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            payload = bytes(buf[pos + 9 : end])
+            pos = end
+            if ftype == HEADERS:
+                fragment = _header_fragment(flags, payload)
+                if flags & END_HEADERS:
+                    on_headers(sid, flags, fragment)
+                else:
+                    self.block = (sid, flags, bytearray(fragment))
+            elif ftype == CONTINUATION:
+                if self.block is None or self.block[0] != sid:
+                    error = "CONTINUATION without HEADERS"
+                    break
+                self.block[2].extend(payload)
+                if flags & END_HEADERS:
+                    first_sid, first_flags, joined = self.block
+                    self.block = None
+                    on_headers(first_sid, first_flags, bytes(joined))
+            else:
+                on_frame(ftype, flags, sid, payload)
+        del buf[:pos]
+        return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,13 +444,11 @@ class Pairing(asyncio.Protocol):
         self.local = False  # True: the plugin could not be reached; the relay answers
         self.local_reason = ""
         self.peer = ""
-        self.co_buffer = bytearray()
-        self.plugin_buffer = bytearray()
+        self.co_frames = FrameReader()
+        self.plugin_frames = FrameReader()
         self.preface_seen = False
         self.request_decoder = hpackcodec.new_decoder()
         self.response_decoder = hpackcodec.new_decoder()
-        self.co_block: tuple[int, int, bytearray] | None = None  # HEADERS awaiting CONTINUATION
-        self.plugin_block: tuple[int, int, bytearray] | None = None
         self.streams: dict[int, Stream] = {}
         self.up_streams: dict[int, Stream] = {}
         self.last_down_id = 0
@@ -520,9 +564,10 @@ class Pairing(asyncio.Protocol):
     # -- frames from the CO -------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        buf = self.co_buffer
-        buf += data
         if not self.preface_seen:
+            buf = self.co_frames.buffer
+            buf += data
+            data = b""
             if len(buf) < len(PREFACE):
                 return
             if buf[: len(PREFACE)] != PREFACE:
@@ -533,36 +578,14 @@ class Pairing(asyncio.Protocol):
             self.preface_seen = True
             if not self.local:
                 self.to_plugin.append(PREFACE)
-        pos, size = 0, len(buf)
-        while size - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > size:
-                break
-            stream = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            self._co_frame(buf[pos + 3], buf[pos + 4], stream, bytes(buf[pos + 9 : end]))
-            pos = end
-        del buf[:pos]
+        error = self.co_frames.feed(data, self._co_frame, self._co_headers)
+        if error:
+            self._protocol_error(error)
         self.flush()
 
     def _co_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if ftype == DATA:
             self._co_data(sid, flags, payload)
-        elif ftype == HEADERS:
-            block = _header_fragment(flags, payload)
-            if flags & END_HEADERS:
-                self._co_headers(sid, flags, block)
-            else:
-                self.co_block = (sid, flags, bytearray(block))
-        elif ftype == CONTINUATION:
-            if self.co_block is None or self.co_block[0] != sid:
-                self._protocol_error("CONTINUATION without HEADERS")
-                return
-            self.co_block[2].extend(payload)
-            if flags & END_HEADERS:
-                first_sid, first_flags, block_bytes = self.co_block
-                self.co_block = None
-                self._co_headers(first_sid, first_flags, bytes(block_bytes))
         elif ftype == WINDOW_UPDATE:
             self._co_window_update(sid, payload)
         elif ftype == RST_STREAM:
@@ -934,38 +957,14 @@ class Pairing(asyncio.Protocol):
     # -- frames from the plugin ---------------------------------------------------------
 
     def plugin_data(self, data: bytes) -> None:
-        buf = self.plugin_buffer
-        buf += data
-        pos, size = 0, len(buf)
-        while size - pos >= 9:
-            length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-            end = pos + 9 + length
-            if end > size:
-                break
-            stream = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            self._plugin_frame(buf[pos + 3], buf[pos + 4], stream, bytes(buf[pos + 9 : end]))
-            pos = end
-        del buf[:pos]
+        error = self.plugin_frames.feed(data, self._plugin_frame, self._plugin_headers)
+        if error:
+            self._plugin_failed(f"{error} from the plugin")
         self.flush()
 
     def _plugin_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if ftype == DATA:
             self._plugin_data(sid, flags, payload)
-        elif ftype == HEADERS:
-            block = _header_fragment(flags, payload)
-            if flags & END_HEADERS:
-                self._plugin_headers(sid, flags, block)
-            else:
-                self.plugin_block = (sid, flags, bytearray(block))
-        elif ftype == CONTINUATION:
-            if self.plugin_block is None or self.plugin_block[0] != sid:
-                self._plugin_failed("CONTINUATION without HEADERS from the plugin")
-                return
-            self.plugin_block[2].extend(payload)
-            if flags & END_HEADERS:
-                first_sid, first_flags, block_bytes = self.plugin_block
-                self.plugin_block = None
-                self._plugin_headers(first_sid, first_flags, bytes(block_bytes))
         elif ftype == WINDOW_UPDATE:
             increment = _u32(payload) & 0x7FFFFFFF
             if sid == 0:

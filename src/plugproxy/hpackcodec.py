@@ -71,7 +71,15 @@ def new_decoder() -> hpack.Decoder:
 
 
 def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
-    """Decode one header block as (name, value) bytes pairs; updates the decoder's table."""
+    """Decode one header block as (name, value) bytes pairs; updates the decoder's table.
+
+    A block made only of one-byte indexed fields (RFC 7541 §6.1) changes no table and is
+    looked up directly: after a connection's first call, a gRPC server's headers
+    (":status 200", "content-type") and trailers ("grpc-status 0") are such blocks.
+    """
+    if block and min(block) > 0x80 and 0xFF not in block:
+        entry = decoder.header_table.get_by_index
+        return [entry(byte & 0x7F) for byte in block]
     # HeaderTuple is a tuple subclass of exactly these two bytes values.
     return cast("list[Header]", decoder.decode(block, raw=True))
 
