@@ -190,10 +190,11 @@ class Messages:
     def feed(self, data: bytes) -> list[tuple[bool, bytes]]:
         out: list[tuple[bool, bytes]] = []
         pos, size = 0, len(data)
+        view = memoryview(data)
         while pos < size:
             if self.need < 0:
                 take = min(5 - len(self.head), size - pos)
-                self.head += data[pos : pos + take]
+                self.head += view[pos : pos + take]
                 pos += take
                 if len(self.head) < 5:
                     break
@@ -208,7 +209,7 @@ class Messages:
             else:
                 take = min(self.need, size - pos)
                 if self.collect:
-                    self.body += data[pos : pos + take]
+                    self.body += view[pos : pos + take]
                 pos += take
                 self.need -= take
                 if self.need:
@@ -239,13 +240,14 @@ class FrameReader:
         buf = self.buffer
         buf += data
         pos, size, error = 0, len(buf), ""
+        view = memoryview(buf)  # one copy per payload; released before the buffer shrinks
         while size - pos >= 9:
             end = pos + 9 + ((buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2])
             if end > size:
                 break
             ftype, flags = buf[pos + 3], buf[pos + 4]
             sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9 : end])
+            payload = bytes(view[pos + 9 : end])
             pos = end
             if ftype == HEADERS:
                 fragment = _header_fragment(flags, payload)
@@ -264,6 +266,7 @@ class FrameReader:
                     on_headers(first_sid, first_flags, bytes(joined))
             else:
                 on_frame(ftype, flags, sid, payload)
+        view.release()
         del buf[:pos]
         return error
 
@@ -459,6 +462,7 @@ class Pairing(asyncio.Protocol):
         self.co_credit = 0
         self.to_co: list[bytes] = []
         self.to_plugin: list[bytes] = []
+        self.connecting: asyncio.Task[None] | None = None
         self.goaway_sent = False
         self.closing = False
         self.closed = False
@@ -478,7 +482,8 @@ class Pairing(asyncio.Protocol):
             transport.close()
             return
         transport.pause_reading()  # until the plugin's side is known
-        asyncio.get_running_loop().create_task(self._connect())
+        # Kept: the loop holds tasks only weakly.
+        self.connecting = asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         try:
