@@ -281,7 +281,6 @@ class Stream:
     """One call on a paired connection: its ids, stage state and flow-control state."""
 
     __slots__ = (
-        "answered",
         "call",
         "co_ended",
         "credited_ahead",
@@ -318,8 +317,7 @@ class Stream:
         self.responses: Messages | None = None
         self.co_ended = False
         self.response_headers_seen = False
-        self.answered = False  # the CO got (or is getting) its final status
-        self.finished = False
+        self.finished = False  # the CO got (or is getting) its final status
         self.started = False  # on_start was begun (it may still be running in ``task``)
         self.task: asyncio.Task[None] | None = None
 
@@ -339,12 +337,11 @@ class FrameRelay:
     ) -> None:
         self.registry = registry
         self.upstream = upstream
-        self.stages = list(stages)
         self.logger = logger
         self.max_message_bytes = max_message_bytes
         self.max_concurrent_calls = max_concurrent_calls
         self.routes: dict[bytes, Route] = {
-            info.path.encode(): Route(info, compile_chain(self.stages, info, logger))
+            info.path.encode(): Route(info, compile_chain(stages, info, logger))
             for info in registry.methods()
         }
         self.authority = b"localhost" if upstream.endpoint.is_unix else None
@@ -720,7 +717,7 @@ class Pairing(asyncio.Protocol):
         # is bounded per stream (below) and by --max-message-bytes.
         self.co_credit += len(payload)
         stream = self.streams.get(sid)
-        if stream is None or stream.answered:
+        if stream is None or stream.finished:
             return
         data = _data_payload(flags, payload)
         if flags & END_STREAM:
@@ -830,13 +827,13 @@ class Pairing(asyncio.Protocol):
         try:
             await chain.run_start(call)
         except Reject as rej:
-            if not stream.answered:
+            if not stream.finished:
                 call.rejected = True
                 self._answer(stream, rej.code, rej.message)
                 self.flush()
             return
         stream.task = None
-        if not stream.answered:
+        if not stream.finished:
             self._started(stream)
             self.flush()
 
@@ -983,7 +980,7 @@ class Pairing(asyncio.Protocol):
                 self._pump()
         elif ftype == RST_STREAM:
             stream = self.up_streams.get(sid)
-            if stream is not None and not stream.answered:
+            if stream is not None and not stream.finished:
                 code = _u32(payload)
                 self.to_co.append(rst_stream(stream.down_id, code))
                 status = RST_STATUS.get(code, grpc.StatusCode.INTERNAL)
@@ -1011,7 +1008,7 @@ class Pairing(asyncio.Protocol):
 
     def _plugin_data(self, sid: int, flags: int, payload: bytes) -> None:
         stream = self.up_streams.get(sid)
-        if stream is None or stream.answered:
+        if stream is None or stream.finished:
             if payload:  # dropped: keep the plugin's connection window moving
                 self.to_plugin.append(window_update(0, len(payload)))
             return
@@ -1055,7 +1052,7 @@ class Pairing(asyncio.Protocol):
             self._plugin_failed("undecodable header block from the plugin")
             return
         stream = self.up_streams.get(sid)
-        if stream is None or stream.answered:
+        if stream is None or stream.finished:
             return  # late: the CO already has its status (our blocks need no table sync)
         ended = bool(flags & END_STREAM)
         self.to_co.append(header_frames(stream.down_id, hpackcodec.encode(headers), ended))
@@ -1114,7 +1111,7 @@ class Pairing(asyncio.Protocol):
 
     def _answer(self, stream: Stream, code: grpc.StatusCode, message: str) -> None:
         """The relay gives the CO this status itself (rejects, limits, plugin unavailable)."""
-        if stream.answered or stream.finished:
+        if stream.finished:
             return
         headers: list[hpackcodec.Header] = []
         if not stream.response_headers_seen:
@@ -1139,7 +1136,6 @@ class Pairing(asyncio.Protocol):
     def _ended(self, stream: Stream, code: grpc.StatusCode, message: str) -> None:
         if stream.finished:
             return
-        stream.answered = True
         stream.finished = True
         stream.pending.clear()
         self.streams.pop(stream.down_id, None)
