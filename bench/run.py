@@ -3,6 +3,7 @@
     python bench/run.py --quick        # about a minute: every figure, short runs
     python bench/run.py                # full: 10 s runs, 3 interleaved repeats
     python bench/run.py --smoke        # seconds: checks the harness itself (the test suite)
+    python bench/run.py --quick --features --no-big   # what each stage costs on its own
 
 Targets, all serving the same prepared CSI v1 payloads (bench/payloads.py):
   direct          the mock plugin itself (Go, or Python where Go is missing)
@@ -70,6 +71,21 @@ FULL_ENV = {
 }
 
 
+# --features: passthrough plus one stage, to price each one. (flags added, flags dropped, env)
+FEATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]] = {
+    "validation": (("--validation", "audit"), (), {}),
+    "call-log": (("--call-log", "all"), (), {}),
+    "call-log+payloads": (
+        ("--call-log", "all", "--log-payloads", "--redact-defaults", "on"),
+        (),
+        {},
+    ),
+    "serialization": (("--serialize", "wait"), (), {}),
+    "metrics": ((), ("--disable-metrics",), {}),
+    "tracing": ((), (), FULL_ENV),
+}
+
+
 @dataclass
 class Mode:
     name: str
@@ -85,8 +101,8 @@ class Mode:
 
 MODES = {
     "smoke": Mode("smoke", 0.3, 0, 1, 200, 1, 2000, 1, 0.5),
-    "quick": Mode("quick", 2.0, 100, 1, 10_000, 3, 100_000, 3, 2.0),
-    "full": Mode("full", 10.0, 500, 3, 10_000, 10, 100_000, 10, 5.0),
+    "quick": Mode("quick", 2.0, 100, 1, 10_000, 20, 100_000, 3, 2.0),
+    "full": Mode("full", 10.0, 500, 3, 10_000, 50, 100_000, 10, 5.0),
 }
 
 
@@ -331,6 +347,23 @@ def serve_flags(mode: str, log_file: Path) -> list[str]:
     return flags
 
 
+def serve_command(sock: Path, plugin_sock: Path, admin: str, flags: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        SERVE,
+        "--listen",
+        f"unix://{sock}",
+        "--upstream",
+        f"unix://{plugin_sock}",
+        "--admin-listen",
+        admin,
+        "--max-message-bytes",
+        "256MiB",
+        *flags,
+    ]
+
+
 @contextlib.contextmanager
 def targets(
     ns: argparse.Namespace, tools: Tools, workdir: Path, table: Path
@@ -365,27 +398,24 @@ def targets(
             flags = serve_flags(name, workdir / f"{name}-payloads.log")
             extra = shlex.split(ns.passthrough_args if name == "passthrough" else ns.full_args)
             admin = "127.0.0.1:0" if name == "full" else "off"
-            cmd = [
-                sys.executable,
-                "-c",
-                SERVE,
-                "--listen",
-                f"unix://{sock}",
-                "--upstream",
-                f"unix://{plugin_sock}",
-                "--admin-listen",
-                admin,
-                "--max-message-bytes",
-                "256MiB",
-                *flags,
-                *extra,
-            ]
+            cmd = serve_command(sock, plugin_sock, admin, [*flags, *extra])
             env = FULL_ENV if name == "full" else {}
             target = Target(name, sock, spawn(cmd, env, f"{name}.log"), [*flags, *extra])
             running[name] = target
             wait_ready(tools, target)
+        for feature in ns.features:
+            added, dropped, env = FEATURES[feature]
+            sock = workdir / f"feature-{feature}.sock"
+            base = [f for f in serve_flags("passthrough", workdir / "unused") if f not in dropped]
+            cmd = serve_command(sock, plugin_sock, "off", [*base, *added])
+            name = f"+{feature}"
+            target = Target(name, sock, spawn(cmd, env, f"feature-{feature}.log"), [*base, *added])
+            running[name] = target
+            wait_ready(tools, target)
         binary = ns.csi_grpc_proxy or os.environ.get("PLUGPROXY_BENCH_CSI_GRPC_PROXY", "")
         if binary and "csi-grpc-proxy" in ns.targets:
+            if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+                sys.exit(f"bench/run.py: csi-grpc-proxy {binary!r} is not an executable file")
             sock = workdir / "cgp.sock"
             env = {"BIND_TO": f"unix://{sock}", "PROXY_TO": f"unix://{plugin_sock}"}
             target = Target("csi-grpc-proxy", sock, spawn([binary], env))
@@ -446,16 +476,26 @@ def throughput(mode: Mode, tools: Tools, running: dict[str, Target]) -> dict[str
 def big_calls(mode: Mode, tools: Tools, running: dict[str, Target], files: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     plugin = running["direct"]
-    for name, target in running.items():
-        lv = measured(
-            target,
-            plugin,
-            tools,
-            method=payloads.LIST_VOLUMES,
-            request=files / "empty.bin",
-            calls=mode.list_calls,
-            warmup=min(mode.warmup, 1),
-        )
+    big = {name: target for name, target in running.items() if not name.startswith("+")}
+    # ListVolumes alone, interleaved across targets like the throughput runs; the run with
+    # the median p50 is kept (features are priced on small calls only).
+    pages: dict[str, list[dict[str, Any]]] = {name: [] for name in big}
+    for _ in range(mode.repeat):
+        for name, target in big.items():
+            pages[name].append(
+                measured(
+                    target,
+                    plugin,
+                    tools,
+                    method=payloads.LIST_VOLUMES,
+                    request=files / "empty.bin",
+                    calls=mode.list_calls,
+                    warmup=min(mode.warmup, 1),
+                )
+            )
+    for name, target in big.items():
+        ranked = sorted(pages[name], key=lambda r: float(r["p50_us"]))
+        lv = ranked[len(ranked) // 2]
         # Other calls must keep flowing while big answers are validated and redacted.
         companion = loadgen(
             tools,
@@ -489,7 +529,7 @@ def big_calls(mode: Mode, tools: Tools, running: dict[str, Target], files: Path)
             "metadata": md,
         }
         print(
-            f"  {name:15} ListVolumes({mode.list_entries}) {lv['mean_us'] / 1000:7.1f} ms  "
+            f"  {name:15} ListVolumes({mode.list_entries}) p50 {lv['p50_us'] / 1000:7.1f} ms  "
             f"GetMetadataAllocated({mode.blocks} blocks) {md['mean_us'] / 1000:7.1f} ms  "
             f"GetPluginInfo during ListVolumes: {side['calls']} calls, "
             f"p99 {side.get('p99_us', 0) / 1000:.1f} ms"
@@ -569,13 +609,25 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         goals["3_full_vs_passthrough_16_streams"] = {"share": share, "met": share >= 0.85}
     big = report.get("big_calls", {})
     if "passthrough" in big and "full" in big:
-        ratio = big["full"]["list_volumes"]["mean_us"] / max(
-            big["passthrough"]["list_volumes"]["mean_us"], 1e-9
+        ratio = big["full"]["list_volumes"]["p50_us"] / max(
+            big["passthrough"]["list_volumes"]["p50_us"], 1e-9
         )
         goals["4_list_volumes_full_vs_passthrough"] = {
             "ratio": ratio,
             "companion_calls_during": big["full"]["companion"]["calls"],
             "met": ratio <= 2.0 and big["full"]["companion"]["calls"] > 0,
+        }
+    features: dict[str, Any] = {}
+    if "passthrough" in rows:
+        base = rows["passthrough"]["16"]
+        features = {
+            name[1:]: {
+                "share_of_passthrough": row["16"]["throughput"] / max(base["throughput"], 1e-9),
+                "added_cpu_us_per_call": row["16"]["target_cpu_us_per_call"]
+                - base["target_cpu_us_per_call"],
+            }
+            for name, row in rows.items()
+            if name.startswith("+")
         }
     rss = report.get("rss", {})
     for name, r in rss.items():
@@ -584,7 +636,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
             "growth_pct": r["growth_after_first_pct"],
             "met": abs(r["growth_after_first_pct"]) <= 5.0,
         }
-    return {"rows": rows, "goals": goals}
+    return {"rows": rows, "goals": goals, "features": features}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -620,18 +672,31 @@ def markdown(report: dict[str, Any]) -> str:
     if big:
         lines += [
             "",
-            "| target | ListVolumes ms | vs direct | GetMetadataAllocated ms | vs direct "
+            "| target | ListVolumes p50 ms | vs direct | GetMetadataAllocated ms | vs direct "
             "| GetPluginInfo calls during ListVolumes | their p99 ms |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         d = big["direct"]
         for name, b in big.items():
             lines.append(
-                f"| {name} | {b['list_volumes']['mean_us'] / 1000:.1f} "
-                f"| {b['list_volumes']['mean_us'] / d['list_volumes']['mean_us']:.2f} "
+                f"| {name} | {b['list_volumes']['p50_us'] / 1000:.1f} "
+                f"| {b['list_volumes']['p50_us'] / d['list_volumes']['p50_us']:.2f} "
                 f"| {b['metadata']['mean_us'] / 1000:.1f} "
                 f"| {b['metadata']['mean_us'] / d['metadata']['mean_us']:.2f} "
                 f"| {b['companion']['calls']} | {b['companion'].get('p99_us', 0) / 1000:.1f} |"
+            )
+    if s.get("features"):
+        lines += [
+            "",
+            "Each stage alone on top of passthrough, 16 streams:",
+            "",
+            "| stage | calls/s vs passthrough | added proxy CPU µs/call |",
+            "|---|---:|---:|",
+        ]
+        for feature, f in s["features"].items():
+            lines.append(
+                f"| {feature} | {f['share_of_passthrough']:.2f} "
+                f"| {f['added_cpu_us_per_call']:.0f} |"
             )
     if s["goals"]:
         lines += ["", "| goal | measured | met |", "|---|---|---|"]
@@ -668,6 +733,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--passthrough-args", default="", help="extra serve flags for passthrough")
     p.add_argument("--full-args", default="", help="extra serve flags for full")
     p.add_argument("--no-big", action="store_true", help="skip ListVolumes/streaming calls")
+    p.add_argument(
+        "--features",
+        nargs="?",
+        const=",".join(FEATURES),
+        default="",
+        help=f"also measure passthrough plus each of these stages alone ({', '.join(FEATURES)};"
+        " all when given no list)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "results")
     return p.parse_args(list(argv))
 
@@ -675,6 +748,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ns = parse(sys.argv[1:] if argv is None else argv)
     ns.targets = [t.strip() for t in ns.targets.split(",") if t.strip()]
+    ns.features = [f.strip() for f in ns.features.split(",") if f.strip()]
+    unknown = [f for f in ns.features if f not in FEATURES]
+    if unknown:
+        sys.exit(
+            f"bench/run.py: unknown feature(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}"
+        )
+    if ns.features and "passthrough" not in ns.targets:
+        ns.targets.append("passthrough")  # features are priced against it
     base = MODES[ns.mode]
     mode = Mode(
         **{

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import shutil
@@ -95,3 +96,47 @@ def test_smoke_run_go_tools(tmp_path: Path) -> None:
     )
     assert report["tools"] == {"loadgen": "go", "plugin": "go"}
     _check_report(report, tmp_path, {"passthrough"})
+
+
+def test_features_price_each_stage_alone_against_passthrough(tmp_path: Path) -> None:
+    run = _load("run")
+    report = run.main(
+        [
+            "--smoke",
+            "--loadgen=python",
+            "--plugin=python",
+            "--targets=direct",
+            "--features=validation,metrics",
+            "--no-big",
+            f"--out={tmp_path}",
+        ]
+    )
+    flags = report["flags"]
+    assert set(flags) == {"direct", "passthrough", "+validation", "+metrics"}
+    # Each variant is passthrough's flags with one stage turned back on (last flag wins).
+    validation = flags["+validation"]
+    assert validation[-2:] == ["--validation", "audit"]
+    assert "--disable-metrics" in flags["passthrough"]
+    assert "--disable-metrics" not in flags["+metrics"]
+    features = report["summary"]["features"]
+    assert set(features) == {"validation", "metrics"}
+    assert all(f["share_of_passthrough"] > 0 for f in features.values())
+    assert "| validation |" in next(tmp_path.glob("*-smoke.md")).read_text()
+
+
+def test_unknown_feature_is_a_one_line_error() -> None:
+    run = _load("run")
+    with pytest.raises(SystemExit) as exited:
+        run.main(["--smoke", "--features=validation,warp-drive"])
+    assert "warp-drive" in str(exited.value) and "validation" in str(exited.value)
+
+
+def test_stagecost_prices_the_stages_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    stagecost = _load("stagecost")
+    assert asyncio.run(stagecost.main(["--calls", "50", "validation", "call-log"])) == 0
+    out = capsys.readouterr().out.splitlines()
+    costs = {line.split()[0]: float(line.split()[1]) for line in out[1:]}
+    assert set(costs) == {"validation", "call-log"}
+    assert all(us > 0 for us in costs.values())
+    with pytest.raises(SystemExit):
+        asyncio.run(stagecost.main(["warp-drive"]))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+from collections.abc import Awaitable
 
 import grpc
 import pytest
@@ -158,3 +160,84 @@ def test_unknown_methods_get_no_chain_and_are_bidi():
     method = Registry().lookup("/vendor.X/Y")
     assert not method.known
     assert method.kind.name == "STREAM_STREAM"
+
+
+class Waiting(Stage):
+    """on_start as a plain function that returns an awaitable only when told to wait."""
+
+    def __init__(self, name: str, journal: list[str], gate: asyncio.Event | None) -> None:
+        self.name = name  # type: ignore[misc]
+        self.journal = journal
+        self.gate = gate
+        self.fail_open = False  # type: ignore[misc]
+        self.fail_after_wait = False
+
+    def on_start(self, call: Call) -> Awaitable[None] | None:
+        self.journal.append(f"{self.name}.start")
+        return None if self.gate is None else self._wait()
+
+    async def _wait(self) -> None:
+        assert self.gate is not None
+        await self.gate.wait()
+        if self.fail_after_wait:
+            raise RuntimeError("secret-value-in-message")
+        self.journal.append(f"{self.name}.waited")
+
+    def on_finish(self, call: Call) -> None:
+        self.journal.append(f"{self.name}.finish")
+
+
+def _call(method: MethodInfo) -> Call:
+    call = Call(method, (), [], None)
+    call.request = LazyMessage(b"", method.request_class)
+    return call
+
+
+async def test_begin_runs_hooks_inline_until_one_has_to_wait():
+    method = Registry(["csi.v1"]).lookup(INFO)
+    journal: list[str] = []
+    gate = asyncio.Event()
+    stages = [Waiting("a", journal, None), Waiting("b", journal, gate), Waiting("c", journal, None)]
+    chain = compile_chain(stages, method, Logger(io.StringIO()))
+    assert chain is not None
+    # Nobody waits: everything ran before begin() returned, and there is nothing to await.
+    quick = compile_chain([stages[0], stages[2]], method, Logger(io.StringIO()))
+    assert quick is not None and quick.begin(_call(method)) is None
+    assert journal == ["a.start", "c.start"]
+    journal.clear()
+    call = _call(method)
+    pending = chain.begin(call)
+    assert pending is not None
+    assert journal == ["a.start", "b.start"] and call.started_stages == 2
+    task = asyncio.ensure_future(pending)
+    await asyncio.sleep(0)
+    assert not task.done()
+    gate.set()
+    await task
+    assert journal == ["a.start", "b.start", "b.waited", "c.start"]
+    assert call.started_stages == 3
+    chain.run_finish(call)
+    assert journal[-3:] == ["c.finish", "b.finish", "a.finish"]
+
+
+async def test_a_hook_failing_while_it_waits_keeps_its_failure_mode():
+    method = Registry(["csi.v1"]).lookup(INFO)
+    out = io.StringIO()
+    gate = asyncio.Event()
+    gate.set()
+    stage = Waiting("w", [], gate)
+    stage.fail_after_wait = True
+    chain = compile_chain([stage], method, Logger(out))
+    assert chain is not None
+    pending = chain.begin(_call(method))
+    assert pending is not None
+    with pytest.raises(Reject) as caught:
+        await pending
+    assert caught.value.code is grpc.StatusCode.INTERNAL
+    assert "secret-value-in-message" not in caught.value.message + out.getvalue()
+    stage.fail_open = True  # type: ignore[misc]
+    chain = compile_chain([stage], method, Logger(io.StringIO()))
+    assert chain is not None
+    pending = chain.begin(_call(method))
+    assert pending is not None
+    await pending  # logged and waved through

@@ -15,6 +15,7 @@ from plugproxy.api import Call, Reject, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.log import Logger
 from plugproxy.registry import load_spec
+from plugproxy.sampling import picked_indices
 from plugproxy.stages import calllog
 from plugproxy.stages.calllog import CallLogStage, PayloadCallLogStage
 from tests.support import RecorderPlugin, channel
@@ -208,6 +209,23 @@ async def test_large_list_is_capped_with_a_visible_mark(plugin, make_proxy):
     assert "stopped at entries[" in line["response"][redact.TRUNCATED_KEY]
     assert "of 10000]" in line["response"][redact.TRUNCATED_KEY]
     assert line["response"]["entries"][0] == {"volume": {"volume_id": "vol-00000"}}
+    # 1 MB-class pages are rendered from a sample; the line gives the real list length.
+    assert line["response_sampled"] == {"entries": 10_000}
+
+
+async def test_an_uncapped_large_list_shows_its_head_then_a_spread(plugin, make_proxy):
+    big = CSI.message_class("csi.v1.ListVolumesResponse")()
+    for i in range(10_000):
+        big.entries.add().volume.volume_id = f"vol-{i:05d}"
+    raw = big.SerializeToString()
+    plugin.raw[LIST] = lambda req: raw
+    proxy = await make_proxy("--log-payloads", "--log-payload-max-bytes", "1MiB")
+    got, err = await unary(proxy.listen, LIST, b"")
+    assert err is None and got == raw
+    (line,) = proxy.calls()
+    shown = [e["volume"]["volume_id"] for e in line["response"]["entries"]]
+    assert shown == [f"vol-{i:05d}" for i in picked_indices(10_000)]
+    assert shown[-1] == "vol-09999" and redact.TRUNCATED_KEY not in line["response"]
 
 
 async def test_streamed_responses_are_counted_and_only_the_first_is_logged(plugin, make_proxy):
@@ -315,7 +333,7 @@ def test_build_honours_the_options():
     plain = calllog.build(ns(), _Runtime())  # type: ignore[arg-type]
     assert type(plain) is CallLogStage and not hasattr(plain, "on_response")
     payloads = calllog.build(ns("--log-payloads"), _Runtime())  # type: ignore[arg-type]
-    assert isinstance(payloads, PayloadCallLogStage) and payloads.payload_max_bytes == 16384
+    assert isinstance(payloads, PayloadCallLogStage) and payloads.payload_max_bytes == 4096
     with pytest.raises(ConfigError, match=r"--redact csi\.v1\.Nope\.x: csi\.v1 has no message"):
         calllog.build(ns("--redact", "csi.v1.Nope.x"), _Runtime())  # type: ignore[arg-type]
 

@@ -33,6 +33,13 @@ def make_call(path: str, timeout: float | None = None, request_id: str | None = 
     return call
 
 
+async def start(stage: SerializeStage, call: Call) -> None:
+    """on_start as the pipeline runs it: inline, awaiting only what it returns."""
+    pending = stage.on_start(call)
+    if pending is not None:
+        await pending
+
+
 def build(*args: str) -> tuple[SerializeStage | None, CollectorRegistry]:
     ns = serve.parse_args(
         ["--listen", "unix:///tmp/l.sock", "--upstream", "unix:///tmp/u.sock", *args], {}
@@ -92,7 +99,7 @@ async def test_uncontended_call_records_zero_wait_and_frees_its_key():
     stage, metrics = build()
     assert stage is not None
     call = make_call(STAGE, volume_id="v1")
-    await stage.on_start(call)
+    assert stage.on_start(call) is None  # a free key is taken inline: nothing to await
     assert stage.table.holder("volume:v1") is call
     assert call.stage_state[WAIT_SECONDS] == 0.0
     assert not [e for e in call.events if e.name == "serialization.wait"]
@@ -105,8 +112,8 @@ async def test_call_without_key_values_is_not_serialized():
     stage, _ = build()
     assert stage is not None
     a, b = make_call(STAGE), make_call(STAGE)  # volume_id empty: nothing to lock
-    await stage.on_start(a)
-    await stage.on_start(b)
+    await start(stage, a)
+    await start(stage, b)
     assert len(stage.table) == 0
 
 
@@ -114,10 +121,10 @@ async def test_abort_mode_names_key_holder_and_request_id():
     stage, metrics = build("--serialize", "abort")
     assert stage is not None
     holder = make_call(STAGE, request_id="42", volume_id="pvc-1")
-    await stage.on_start(holder)
+    await start(stage, holder)
     late = make_call("/csi.v1.Node/NodeUnstageVolume", volume_id="pvc-1")
     with pytest.raises(Reject) as exc:
-        await stage.on_start(late)
+        await start(stage, late)
     assert exc.value.code is grpc.StatusCode.ABORTED
     assert "operation pending for volume pvc-1" in exc.value.message
     assert f"{STAGE} (request id 42)" in exc.value.message
@@ -140,10 +147,10 @@ async def test_partial_acquisition_releases_what_was_taken():
     stage, _ = build("--serialize", "abort")
     assert stage is not None
     busy = make_call(STAGE, volume_id="v9")
-    await stage.on_start(busy)
+    await start(stage, busy)
     snap = make_call(SNAP, name="snap-a", source_volume_id="v9")
     with pytest.raises(Reject):
-        await stage.on_start(snap)
+        await start(stage, snap)
     assert stage.table.holder("snapshot-name:snap-a") is None
     assert snap.stage_state[HELD] == []
     stage.on_finish(busy)
@@ -154,9 +161,9 @@ async def test_wait_mode_queues_then_proceeds_and_records_the_wait():
     stage, metrics = build()
     assert stage is not None
     holder = make_call(STAGE, volume_id="v1")
-    await stage.on_start(holder)
+    await start(stage, holder)
     waiter = make_call(STAGE, volume_id="v1")
-    task = asyncio.create_task(stage.on_start(waiter))
+    task = asyncio.create_task(start(stage, waiter))
     await asyncio.sleep(0.05)
     assert sample(metrics, "plugproxy_serialization_queue_depth") == 1
     stage.on_finish(holder)
@@ -174,11 +181,11 @@ async def test_wait_mode_times_out_with_aborted_naming_the_holder():
     stage, metrics = build("--serialize-timeout", "100ms")
     assert stage is not None
     holder = make_call(SNAP, request_id="7", name="s1", source_volume_id="v1")
-    await stage.on_start(holder)
+    await start(stage, holder)
     late = make_call(STAGE, volume_id="v1")
     started = time.monotonic()
     with pytest.raises(Reject) as exc:
-        await stage.on_start(late)
+        await start(stage, late)
     assert 0.09 <= time.monotonic() - started < 1.0
     assert exc.value.code is grpc.StatusCode.ABORTED
     pattern = r"operation pending for volume v1: waited \d+\.\d{3}s behind "
@@ -196,11 +203,11 @@ async def test_wait_mode_times_out_with_aborted_naming_the_holder():
 async def test_wait_is_bounded_by_the_call_deadline():
     stage, _ = build()  # --serialize-timeout 60s
     assert stage is not None
-    await stage.on_start(make_call(STAGE, volume_id="v1"))
+    await start(stage, make_call(STAGE, volume_id="v1"))
     late = make_call(STAGE, timeout=0.3, volume_id="v1")
     started = time.monotonic()
     with pytest.raises(Reject) as exc:
-        await stage.on_start(late)
+        await start(stage, late)
     waited = time.monotonic() - started
     assert 0.2 <= waited < 1.0  # gives up at (just before) the deadline, not after 60 s
     assert exc.value.code is grpc.StatusCode.ABORTED
@@ -210,9 +217,9 @@ async def test_cancelled_waiter_releases_keys_taken_before_it_queued():
     stage, _ = build()
     assert stage is not None
     holder = make_call(STAGE, volume_id="v2")
-    await stage.on_start(holder)
+    await start(stage, holder)
     snap = make_call(SNAP, name="a", source_volume_id="v2")  # takes snapshot-name:a, queues on v2
-    task = asyncio.create_task(stage.on_start(snap))
+    task = asyncio.create_task(start(stage, snap))
     await asyncio.sleep(0.02)
     assert stage.table.holder("snapshot-name:a") is snap and stage.table.waiting == 1
     task.cancel()
@@ -231,8 +238,8 @@ async def test_keys_are_taken_in_one_global_order():
     one = make_call(group, name="g1", source_volume_ids=["b", "a"])
     two = make_call(group, name="g2", source_volume_ids=["a", "b"])
     blocker = make_call(STAGE, volume_id="a")
-    await stage.on_start(blocker)
-    tasks = [asyncio.create_task(stage.on_start(c)) for c in (one, two)]
+    await start(stage, blocker)
+    tasks = [asyncio.create_task(start(stage, c)) for c in (one, two)]
     await asyncio.sleep(0.02)
     # Both queue on "a" first; neither can hold "b" while waiting for "a".
     assert stage.table.holder("volume:b") is None
@@ -249,6 +256,6 @@ async def test_many_distinct_volumes_leave_nothing_behind():
     assert stage is not None
     for i in range(5_000):
         call = make_call(STAGE, volume_id=f"pvc-{i}")
-        await stage.on_start(call)
+        await start(stage, call)
         stage.on_finish(call)
     assert len(stage.table) == 0 and not stage.table._queues

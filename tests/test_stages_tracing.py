@@ -174,6 +174,32 @@ async def test_a_call_without_traceparent_starts_a_new_trace(plugin):
     assert "tracestate" not in seen
 
 
+async def test_a_ratio_sampler_decides_each_new_trace_by_its_id(plugin):
+    """Root calls the sampler drops never reach the SDK, yet propagate a fresh trace id
+    with the not-sampled flag; the rest are recorded under the id the plugin was sent."""
+    scripted, upstream, listen = plugin
+    exporter = InMemorySpanExporter()
+    sampler = TraceIdRatioBased(0.5)
+    stage = TracingStage(exporter, sampler=ParentBased(sampler))
+    proxy = await start_proxy(listen, upstream, stages=[stage])
+    try:
+        async with channel(listen) as ch:
+            for _ in range(40):
+                await ch.unary_unary(CREATE)(create_request(), timeout=5)
+    finally:
+        await proxy.stop(0)
+    sent = [seen["traceparent"].split("-") for _, seen in scripted.seen[-40:]]
+    trace_ids = [int(trace, 16) for _, trace, _, _ in sent]
+    assert len(set(trace_ids)) == 40  # a new trace per call
+    flags = {int(sent_flags, 16) & ~1 for *_, sent_flags in sent}
+    assert len(flags) == 1  # other flags (W3C random-trace-id) as the SDK sets them, always
+    sampled = {tid for tid, (*_, f) in zip(trace_ids, sent, strict=True) if int(f, 16) & 1}
+    assert sampled == {tid for tid in trace_ids if tid & sampler.TRACE_ID_LIMIT < sampler.bound}
+    assert 0 < len(sampled) < 40
+    exported = {span.context.trace_id for span in exporter.get_finished_spans()}
+    assert exported == sampled  # dropped calls left no span, sampled ones kept their id
+
+
 async def test_rejected_call_has_violation_events_and_no_client_span(plugin):
     scripted, upstream, listen = plugin
     exporter = InMemorySpanExporter()

@@ -18,6 +18,8 @@ from plugproxy.endpoints import ConfigError
 from plugproxy.fakes import FailureRule, FakeKnobs, SpecClient, start_fake_plugin
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
+from plugproxy.rules.engine import RESPONSE_SAMPLE, _spread
+from plugproxy.sampling import picked_indices
 from plugproxy.serve import parse_args
 from plugproxy.stages import validate
 from plugproxy.stages.validate import ValidateStage
@@ -107,7 +109,9 @@ async def test_shared_call_events_follow_the_convention():
     method = registry.lookup(DELETE)
     call = Call(method, (), [], 5.0)
     call.request = LazyMessage(csi("DeleteVolumeRequest").SerializeToString(), method.request_class)
-    await stage.on_start(call)
+    pending = stage.on_start(call)  # DeleteVolume is gated: its capability is learnt first
+    if pending is not None:
+        await pending
     assert [(e.name, e.attributes) for e in call.events] == [
         (
             "violation",
@@ -462,3 +466,41 @@ async def test_history_the_proxy_never_saw_is_not_a_violation(tmp_path):
         await direct.close()
         await proxy.stop(0)
         await handle.stop(0)
+
+
+# -- large responses --------------------------------------------------------------------------
+
+
+async def test_a_large_page_is_judged_on_a_sample_naming_real_entries(recorder):
+    """A 10,000-entry page: the late bad entry is found under its real index, and
+    csi.list-max-entries counts every entry, not the sample (CSI v1.12 §ListVolumes)."""
+    plugin, upstream, listen = recorder
+    kept = picked_indices(10_000)
+    # An entry the sample keeps past its head and the rules' own spread then judges.
+    position = [p for p in _spread(len(kept), RESPONSE_SAMPLE) if len(kept) // 2 < p][-2]
+    late = kept[position]
+    assert late != position and late < 9_999
+    page = csi("ListVolumesResponse")
+    for i in range(10_000):
+        if i != late:
+            page.entries.add().volume.volume_id = f"vol-{i:05d}"
+        else:
+            page.entries.add()  # no volume: a REQUIRED field missing
+    raw = page.SerializeToString()
+    plugin.raw["/csi.v1.Controller/ListVolumes"] = lambda req: raw
+    proxy = await start_proxy(listen, upstream)
+    out = capture_log(proxy)
+    request = csi("ListVolumesRequest", max_entries=100).SerializeToString()
+    try:
+        got, err = await unary(listen, "/csi.v1.Controller/ListVolumes", request)
+    finally:
+        await proxy.stop(0)
+    assert err is None and got == raw
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    found = {(line["rule"], line["field"]): line for line in lines if line["event"] == "violation"}
+    assert set(found) == {
+        ("csi.required-field", f"entries[{late}].volume"),
+        ("csi.list-max-entries", "entries"),
+    }
+    assert found["csi.list-max-entries", "entries"]["message"].startswith("10000 entries")
+    assert str(late) in found["csi.required-field", f"entries[{late}].volume"]["message"]

@@ -4,10 +4,13 @@ A call flows through the ordered stage list of :mod:`plugproxy.pipeline`. Each s
 implement any of these hooks; a hook a stage does not define costs nothing:
 
 - ``on_start(call)``: the call arrived. For methods with a unary request, ``call.request``
-  is already set. May be ``async`` (serialization waits here). Raising :class:`Reject`
-  answers the call with that status; it never reaches the plugin.
+  is already set. A plain function that returns None, or an awaitable when it has to wait
+  (serialization queueing, a first capability query); ``async def`` works too but always
+  costs a task. Raising :class:`Reject` answers the call with that status; it never
+  reaches the plugin.
 - ``on_request(call, message)``: each request message of a client-streaming call.
-- ``on_response(call, message)``: each response message, unary or streamed.
+- ``on_response(call, message)``: each response message, unary or streamed. It observes:
+  the frame relay may already have passed the message on to the CO.
 - ``on_finish(call)``: the call ended; ``call.code``/``call.details`` hold the status the
   CO receives. Runs in reverse list order, and only for stages whose ``on_start`` ran.
 """
@@ -21,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
+
+from plugproxy.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
@@ -106,9 +111,16 @@ class MethodInfo:
 
 
 class LazyMessage:
-    """Wire bytes of one message, decoded on first use and at most once."""
+    """Wire bytes of one message, decoded on first use and at most once.
 
-    __slots__ = ("_decoded", "_done", "_error", "cls", "raw")
+    :attr:`message` is the whole message. :attr:`sampled` is what the observing stages
+    (response rules, the call log) use: the same message, except that a large one
+    (:data:`plugproxy.sampling.SAMPLE_MIN_BYTES`) with lists longer than
+    :data:`plugproxy.sampling.SAMPLE_SIZE` keeps only a sample of their entries, the others
+    never decoded. :meth:`count` gives a list's real length either way.
+    """
+
+    __slots__ = ("_decoded", "_done", "_error", "_sample", "cls", "raw")
 
     def __init__(self, raw: bytes, cls: type[Message] | None) -> None:
         self.raw = raw
@@ -116,6 +128,7 @@ class LazyMessage:
         self._done = False
         self._decoded: Message | None = None
         self._error: str | None = None
+        self._sample: Sample | bool | None = False  # False: not tried yet
 
     def _decode(self) -> None:
         self._done = True
@@ -138,6 +151,33 @@ class LazyMessage:
         if not self._done:
             self._decode()
         return self._error
+
+    @property
+    def sample(self) -> Sample | None:
+        """The sample taken of a large message, or None when it is used whole."""
+        sample = self._sample
+        if sample is False:
+            sample = None
+            if not self._done and self.cls is not None and len(self.raw) >= SAMPLE_MIN_BYTES:
+                skeleton = skeleton_of(self.cls)
+                if skeleton is not None:
+                    sample = skeleton.sample(self.raw, self.cls)
+            self._sample = sample
+        return sample if isinstance(sample, Sample) else None
+
+    @property
+    def sampled(self) -> Message | None:
+        """The message with long lists sampled (see :attr:`sample`), else :attr:`message`."""
+        sample = self.sample
+        return sample.message if sample is not None else self.message
+
+    def count(self, field_name: str) -> int:
+        """How many entries the top-level list ``field_name`` holds on the wire."""
+        sample = self.sample
+        if sample is not None and field_name in sample.totals:
+            return sample.totals[field_name]
+        message = self.sampled
+        return len(getattr(message, field_name)) if message is not None else 0
 
 
 @dataclass(slots=True)

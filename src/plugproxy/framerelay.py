@@ -15,6 +15,8 @@ call plus a gRPC client call (docs/performance.md has the measurements):
 - Flow control toward the plugin is the relay's own: it credits the CO as bytes move on
   (or are held, bounded by --max-message-bytes) and paces what it sends by the plugin's
   windows. Responses flow back under the CO's own windows, end to end.
+- Response and finish hooks only observe, so they run once the plugin's bytes read in the
+  same batch are written to the CO: logging and judging a 1 MB page do not delay it.
 - A plugin that cannot be reached, a lost plugin connection and shutdown are answered with
   UNAVAILABLE naming the upstream; GOAWAY then makes the CO reconnect, which retries the
   plugin.
@@ -30,7 +32,7 @@ import base64
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,13 +178,14 @@ class Messages:
     Always checks sizes against the limit; keeps message bytes only when ``collect``.
     """
 
-    __slots__ = ("body", "collect", "compressed", "count", "head", "limit", "need")
+    __slots__ = ("body", "collect", "compressed", "count", "filled", "head", "limit", "need")
 
     def __init__(self, limit: int, collect: bool) -> None:
         self.limit = limit
         self.collect = collect
         self.head = bytearray()
-        self.body = bytearray()
+        self.body = bytearray()  # sized once per message: appending would keep reallocating
+        self.filled = 0
         self.need = -1  # -1: reading a prefix; else body bytes still to come
         self.compressed = False
         self.count = 0  # whole messages seen
@@ -203,13 +206,22 @@ class Messages:
                     raise MessageTooLarge(length)
                 self.compressed = self.head[0] == 1
                 self.head.clear()
+                if self.collect and length and pos + length <= size:
+                    out.append((self.compressed, data[pos : pos + length]))  # whole in one piece
+                    pos += length
+                    self.count += 1
+                    continue
                 self.need = length
                 if length:
+                    if self.collect:
+                        self.body = bytearray(length)
+                        self.filled = 0
                     continue
             else:
                 take = min(self.need, size - pos)
                 if self.collect:
-                    self.body += view[pos : pos + take]
+                    self.body[self.filled : self.filled + take] = view[pos : pos + take]
+                    self.filled += take
                 pos += take
                 self.need -= take
                 if self.need:
@@ -218,7 +230,8 @@ class Messages:
             self.count += 1
             if self.collect:
                 out.append((self.compressed, bytes(self.body)))
-                self.body.clear()
+                self.body = bytearray()
+                self.filled = 0
         return out
 
 
@@ -458,6 +471,10 @@ class Pairing(asyncio.Protocol):
         self.blocked: list[Stream] = []
         self.co_credit = 0
         self.to_co: list[bytes] = []
+        # Response and finish hooks of the plugin bytes being read: they only observe, so
+        # they run after those bytes are written to the CO (plugin_data), not before.
+        self.observers: list[tuple[Chain, Call, LazyMessage | None]] = []
+        self.reading_plugin = False
         self.to_plugin: list[bytes] = []
         self.connecting: asyncio.Task[None] | None = None
         self.goaway_sent = False
@@ -810,22 +827,22 @@ class Pairing(asyncio.Protocol):
             cls = None if compressed else call.method.request_class
             call.request = LazyMessage(body, cls)
             call.request_count = 1
-        if chain.all_sync:
-            try:
-                chain.run_start_sync(call)
-            except Reject as rej:
-                call.rejected = True
-                self._answer(stream, rej.code, rej.message)
-                return
+        try:
+            pending = chain.begin(call)
+        except Reject as rej:
+            call.rejected = True
+            self._answer(stream, rej.code, rej.message)
+            return
+        if pending is None:
             self._started(stream)
         else:
-            stream.task = asyncio.get_running_loop().create_task(self._start_async(stream))
+            stream.task = asyncio.get_running_loop().create_task(self._start_async(stream, pending))
 
-    async def _start_async(self, stream: Stream) -> None:
-        call, chain = stream.call, stream.route.chain
-        assert call is not None and chain is not None
+    async def _start_async(self, stream: Stream, pending: Awaitable[None]) -> None:
+        call = stream.call
+        assert call is not None
         try:
-            await chain.run_start(call)
+            await pending
         except Reject as rej:
             if not stream.finished:
                 call.rejected = True
@@ -959,10 +976,31 @@ class Pairing(asyncio.Protocol):
     # -- frames from the plugin ---------------------------------------------------------
 
     def plugin_data(self, data: bytes) -> None:
-        error = self.plugin_frames.feed(data, self._plugin_frame, self._plugin_headers)
-        if error:
-            self._plugin_failed(f"{error} from the plugin")
-        self.flush()
+        self.reading_plugin = True
+        try:
+            error = self.plugin_frames.feed(data, self._plugin_frame, self._plugin_headers)
+            if error:
+                self._plugin_failed(f"{error} from the plugin")
+            self.flush()
+        finally:
+            self.reading_plugin = False
+            self._run_observers()
+
+    def _run_observers(self) -> None:
+        """Response hooks, then finish hooks, in the order the plugin's frames came."""
+        observers, self.observers = self.observers, []
+        if not observers:
+            return
+        logger = self.relay.logger
+        logger.hold()
+        try:
+            for chain, call, message in observers:
+                if message is not None:
+                    chain.run_response(call, message)
+                else:
+                    chain.run_finish(call)
+        finally:
+            logger.release()
 
     def _plugin_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if ftype == DATA:
@@ -1039,7 +1077,7 @@ class Pairing(asyncio.Protocol):
                 lazy = LazyMessage(body, None if compressed else cls)
                 if call.method.kind.unary_response:
                     call.response = lazy
-                chain.run_response(call, lazy)
+                self.observers.append((chain, call, lazy))
         if flags & END_STREAM:  # gRPC always ends with trailers; a bare END_STREAM is an error
             self._ended(
                 stream, grpc.StatusCode.INTERNAL, "the plugin ended the stream without status"
@@ -1146,7 +1184,10 @@ class Pairing(asyncio.Protocol):
         chain = stream.route.chain
         if call is not None and chain is not None:
             call.code, call.details = code, message
-            chain.run_finish(call)
+            if self.reading_plugin:  # after the response hooks queued before it
+                self.observers.append((chain, call, None))
+            else:
+                chain.run_finish(call)
         if self.goaway_sent:
             self._close_if_idle()
 

@@ -12,12 +12,28 @@ import threading
 import time
 from typing import Any, TextIO
 
+import orjson
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
+# The last whole second formatted, and its text: a busy proxy writes many lines a second.
+_second: list[tuple[int, str]] = [(-1, "")]
+
+
 def _iso(ts: float) -> str:
-    t = time.gmtime(ts)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int((ts % 1) * 1000):03d}Z"
+    whole = int(ts)
+    second = _second[0]  # one read: another thread may swap in a newer second meanwhile
+    if second[0] != whole:
+        second = _second[0] = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{second[1]}.{int((ts - whole) * 1000):03d}Z"
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    try:
+        return orjson.dumps(record, default=str).decode()
+    except TypeError:  # what orjson declines (integers over 64 bits, non-string keys)
+        return json.dumps(record, separators=(",", ":"), default=str, ensure_ascii=False)
 
 
 def _text_value(value: Any) -> str:
@@ -38,6 +54,8 @@ class Logger:
         self.fmt = fmt
         self.threshold = LEVELS[level]
         self._lock = threading.Lock()
+        self._holds = 0
+        self._held: list[str] = []
 
     def enabled(self, level: str) -> bool:
         return LEVELS[level] >= self.threshold
@@ -47,17 +65,36 @@ class Logger:
             return
         now = time.time()
         if self.fmt == "json":
-            record = {"time": _iso(now), "level": level, "event": event, **fields}
-            line = json.dumps(record, separators=(",", ":"), default=str, ensure_ascii=False)
+            line = _json_line({"time": _iso(now), "level": level, "event": event, **fields})
         else:
             pairs = " ".join(f"{k}={_text_value(v)}" for k, v in fields.items())
             line = f"{_iso(now)} {level.upper():7} {event} {pairs}".rstrip()
         with self._lock:
-            try:
-                self.stream.write(line + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass  # a closed stdout must not take calls down with it
+            if self._holds:
+                self._held.append(line + "\n")
+                return
+            self._write(line + "\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed stdout must not take calls down with it
+
+    def hold(self) -> None:
+        """Keep lines until the matching :meth:`release`, then write them at once: the
+        frame relay holds the lines of calls ending in one read, one write for all."""
+        with self._lock:
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            if not self._holds and self._held:
+                text = "".join(self._held)
+                self._held.clear()
+                self._write(text)
 
     def debug(self, event: str, **fields: Any) -> None:
         self.log("debug", event, **fields)

@@ -16,7 +16,6 @@ Order (each stage's module says why it sits where it does):
 from __future__ import annotations
 
 import argparse
-import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -58,29 +57,40 @@ class Chain:
 
     names: tuple[str, ...]
     start: tuple[StartFn | None, ...]
-    start_is_async: tuple[bool, ...]
     request: tuple[MessageFn, ...]
     response: tuple[MessageFn, ...]
     finish: tuple[FinishFn | None, ...]
-    all_sync: bool = False  # no on_start awaits: the forwarder may skip creating a task
 
-    def run_start_sync(self, call: Call) -> None:
-        """run_start for chains whose on_start hooks are all plain functions."""
-        for index, hook in enumerate(self.start):
+    def begin(self, call: Call) -> Awaitable[None] | None:
+        """Run on_start hooks in order until one has to wait.
+
+        Returns None when all of them ran, or an awaitable that waits and runs the rest: a
+        call that waits for nothing costs no task. ``call.started_stages`` counts the hooks
+        that ran (their on_finish will run). Raises :class:`Reject`.
+        """
+        start = self.start
+        for index, hook in enumerate(start):
             call.started_stages = index + 1
             if hook is not None:
-                hook(call)
+                pending = hook(call)
+                if pending is not None:
+                    return self._resume(call, pending, index + 1)
+        return None
+
+    async def _resume(self, call: Call, pending: Awaitable[None], index: int) -> None:
+        await pending
+        for later in range(index, len(self.start)):
+            call.started_stages = later + 1
+            hook = self.start[later]
+            if hook is not None:
+                more = hook(call)
+                if more is not None:
+                    await more
 
     async def run_start(self, call: Call) -> None:
-        """Run on_start hooks in order; ``call.started_stages`` counts the ones that ran."""
-        for index, hook in enumerate(self.start):
-            call.started_stages = index + 1
-            if hook is None:
-                continue
-            if self.start_is_async[index]:
-                await hook(call)  # type: ignore[misc]
-            else:
-                hook(call)
+        pending = self.begin(call)
+        if pending is not None:
+            await pending
 
     def run_request(self, call: Call, message: LazyMessage) -> None:
         for hook in self.request:
@@ -97,8 +107,11 @@ class Chain:
                 hook(call)
 
 
-def _guard_start(stage: Stage, hook: Any, logger: Logger, is_async: bool) -> StartFn:
-    """Wrap on_start with the stage's failure mode (Reject always passes through)."""
+def _guard_start(stage: Stage, hook: Any, logger: Logger) -> StartFn:
+    """Wrap on_start with the stage's failure mode (Reject always passes through).
+
+    on_start is a plain function returning None, or an awaitable when it has to wait (an
+    ``async def`` hook always does)."""
     name = stage.name
 
     def failed(exc: Exception) -> None:
@@ -107,25 +120,23 @@ def _guard_start(stage: Stage, hook: Any, logger: Logger, is_async: bool) -> Sta
         if not stage.fail_open:
             raise Reject(grpc.StatusCode.INTERNAL, f"plugproxy: {name} stage failed") from None
 
-    if is_async:
-
-        async def guarded_async(call: Call) -> None:
-            try:
-                await hook(call)
-            except Reject:
-                raise
-            except Exception as exc:
-                failed(exc)
-
-        return guarded_async
-
-    def guarded(call: Call) -> None:
+    async def guarded_wait(pending: Awaitable[None]) -> None:
         try:
-            hook(call)
+            await pending
         except Reject:
             raise
         except Exception as exc:
             failed(exc)
+
+    def guarded(call: Call) -> Awaitable[None] | None:
+        try:
+            pending = hook(call)
+        except Reject:
+            raise
+        except Exception as exc:
+            failed(exc)
+            return None
+        return None if pending is None else guarded_wait(pending)
 
     return guarded
 
@@ -166,15 +177,12 @@ def compile_chain(stages: Sequence[Stage], method: MethodInfo, logger: Logger) -
     if not taking_part:
         return None
     start: list[StartFn | None] = []
-    start_async: list[bool] = []
     request: list[MessageFn] = []
     response: list[MessageFn] = []
     finish: list[FinishFn | None] = []
     for stage in taking_part:
         on_start = getattr(stage, "on_start", None)
-        is_async = on_start is not None and inspect.iscoroutinefunction(on_start)
-        start.append(_guard_start(stage, on_start, logger, is_async) if on_start else None)
-        start_async.append(is_async)
+        start.append(_guard_start(stage, on_start, logger) if on_start else None)
         if (on_request := getattr(stage, "on_request", None)) is not None:
             request.append(_guard_request(stage, on_request, logger))
         if (on_response := getattr(stage, "on_response", None)) is not None:
@@ -184,9 +192,7 @@ def compile_chain(stages: Sequence[Stage], method: MethodInfo, logger: Logger) -
     return Chain(
         names=tuple(s.name for s in taking_part),
         start=tuple(start),
-        start_is_async=tuple(start_async),
         request=tuple(request),
         response=tuple(response),
         finish=tuple(finish),
-        all_sync=not any(start_async),
     )

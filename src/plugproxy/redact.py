@@ -45,6 +45,7 @@ from plugproxy.api import Call, SpecInfo
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import Option
 from plugproxy.registry import SPEC_NAMES, load_spec
+from plugproxy.sampling import Sample
 
 MASK = "***"
 TRUNCATED_KEY = "…truncated"
@@ -287,17 +288,26 @@ class Redactor:
 
     # -- rendering -------------------------------------------------------------------------
 
-    def render(self, message: Message, max_bytes: int | None = None) -> dict[str, Any]:
+    def render(
+        self, message: Message, max_bytes: int | None = None, sample: Sample | None = None
+    ) -> dict[str, Any]:
         """The message as a JSON-ready dict with every sensitive value masked.
 
         With ``max_bytes``, rendering stops once about that many bytes of JSON are produced;
-        the result then holds :data:`TRUNCATED_KEY` saying where it stopped.
+        the result then holds :data:`TRUNCATED_KEY` saying where it stopped. ``sample``: the
+        message is a sample of a larger one, whose real positions the stop names.
         """
         budget = _Budget(_UNLIMITED if max_bytes is None else max_bytes)
         out: dict[str, Any] = {}
         try:
             self._fill(out, message, self.plans.get(message.DESCRIPTOR.full_name), budget)
         except _Full as full:
+            if sample is not None and len(full.where) >= 2 and full.where[-1] in sample.totals:
+                name = full.where[-1]
+                position = full.where[-2][1:].partition(" ")[0]
+                if position.isdigit():
+                    real = sample.indices[name][int(position)]
+                    full.where[-2] = f"[{real} of {sample.totals[name]}]"
             where = ".".join(reversed(full.where)).replace(".[", "[") or "start"
             out[TRUNCATED_KEY] = f"over {max_bytes} bytes; stopped at {where}"
         return out
@@ -388,7 +398,12 @@ class Redactor:
                 raise
 
     def render_call(
-        self, message: Message, call: Call, max_bytes: int | None = None, raw: bytes | None = None
+        self,
+        message: Message,
+        call: Call,
+        max_bytes: int | None = None,
+        raw: bytes | None = None,
+        sample: Sample | None = None,
     ) -> dict[str, Any]:
         """:meth:`render`, and any secret value of the call's request masked wherever it
         appears (a plugin echoing a secret into a non-secret field of its response).
@@ -396,7 +411,7 @@ class Redactor:
         ``raw``, the message's wire bytes, makes this cheaper: the rendered message is only
         searched when some secret occurs in them more often than the secret fields themselves
         account for."""
-        rendered = self.render(message, max_bytes)
+        rendered = self.render(message, max_bytes, sample)
         secrets = self.call_secrets(call)
         if secrets and raw is not None:
             own = 1 if call.request is not None and raw is call.request.raw else 0

@@ -2,7 +2,8 @@
 
 Each spec gets a descriptor pool of its own (csi_secret and cmi_secret both use field option
 number 1059 on google.protobuf.FieldOptions). Everything plugproxy knows about a method (its
-spec, message types, streaming kind) is read from these descriptors at startup.
+spec, message types, streaming kind) is read from these descriptors at startup, and so are
+the skeletons :mod:`plugproxy.sampling` reads large messages with.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
+from plugproxy import sampling
 from plugproxy.api import CallKind, MethodInfo, SpecInfo
 
 # spec name -> (descriptor set file, proto package, secret option full name or None)
@@ -95,6 +97,10 @@ class Registry:
                 for service in fd.services_by_name.values():
                     for m in service.methods:
                         path = f"/{service.full_name}/{m.name}"
+                        request_class = spec.message_class(m.input_type.full_name)
+                        response_class = spec.message_class(m.output_type.full_name)
+                        sampling.prepare(request_class)
+                        sampling.prepare(response_class)
                         self._methods[path] = MethodInfo(
                             path=path,
                             service=service.full_name,
@@ -102,8 +108,8 @@ class Registry:
                             kind=_kind(m.client_streaming, m.server_streaming),
                             spec=spec,
                             descriptor=m,
-                            request_class=spec.message_class(m.input_type.full_name),
-                            response_class=spec.message_class(m.output_type.full_name),
+                            request_class=request_class,
+                            response_class=response_class,
                         )
 
     @staticmethod

@@ -25,6 +25,7 @@ from plugproxy.fakes.common import (
     has_descriptor_field,
 )
 from plugproxy.fakes.csi_model import NODE_TOPOLOGY
+from plugproxy.sampling import varint
 
 if TYPE_CHECKING:
     from plugproxy.api import MethodInfo
@@ -84,20 +85,8 @@ def _drop_capabilities(response: DynMessage, unwanted: set[str]) -> None:
     response.capabilities.extend(keep)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def status_details_bytes(code: grpc.StatusCode, message: str) -> bytes:
@@ -111,8 +100,8 @@ def status_details_bytes(code: grpc.StatusCode, message: str) -> bytes:
         2, detail
     )
     return (
-        _varint(1 << 3)
-        + _varint(code.value[0])
+        varint(1 << 3)
+        + varint(code.value[0])
         + _len_field(2, message.encode())
         + _len_field(3, any_msg)
     )

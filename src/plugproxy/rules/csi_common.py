@@ -12,7 +12,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, CompiledSpec, Rule, Violation
+from plugproxy.rules.engine import (
+    CO,
+    MUST,
+    PLUGIN,
+    SHOULD,
+    CompiledSpec,
+    Rule,
+    Violation,
+    list_length,
+)
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -419,11 +428,12 @@ class CsiChecks:
     def list_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
-        if req.max_entries > 0 and len(resp.entries) > req.max_entries:
+        returned = list_length(call, resp, "entries")
+        if req.max_entries > 0 and returned > req.max_entries:
             yield Violation(
                 cs.rule("list-max-entries"),
                 "entries",
-                f"{len(resp.entries)} entries returned; max_entries was {req.max_entries}",
+                f"{returned} entries returned; max_entries was {req.max_entries}",
             )
 
     def create_snapshot_response(
@@ -470,11 +480,12 @@ class CsiChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         blocks = resp.block_metadata
-        if req.max_results > 0 and len(blocks) > req.max_results:
+        sent = list_length(call, resp, "block_metadata")
+        if req.max_results > 0 and sent > req.max_results:
             yield Violation(
                 cs.rule("metadata-max-results"),
                 "block_metadata",
-                f"{len(blocks)} tuples in one message; max_results was {req.max_results}",
+                f"{sent} tuples in one message; max_results was {req.max_results}",
             )
         start = req.starting_offset
         if start > 0:

@@ -14,9 +14,11 @@ metadata key.
 ``--log-payloads`` adds the request and response, rendered by :mod:`plugproxy.redact`: every
 sensitive field masked, each payload capped by ``--log-payload-max-bytes`` with a visible
 mark where rendering stopped. A streamed response is not logged message by message: the
-line gives the count and the first message. Any secret value of the request that shows up
-elsewhere (the plugin's error message, a non-secret field, a resource key) is masked in the
-line too; the CO still receives everything unchanged.
+line gives the count and the first message. A large message with long lists is rendered
+from the sample :mod:`plugproxy.sampling` takes (its first entries, then a spread); the line
+then says ``<payload>_sampled`` with each cut list's real length. Any secret value of the
+request that shows up elsewhere (the plugin's error message, a non-secret field, a resource
+key) is masked in the line too; the CO still receives everything unchanged.
 
 Ordering: after tracing and metrics, before validation and serialization, so the request id
 exists when those refer to the call. Its ``on_finish`` runs after theirs, when violations and
@@ -40,6 +42,9 @@ from plugproxy.options import Option, byte_size
 
 REQUEST_ID_KEY = "csi.requestid"
 MAX_ADOPTED_ID = 128
+# Container runtimes split log lines over 16 KiB (containerd's max_container_log_line_size),
+# which breaks a JSON line in two; two payloads of 4 KiB keep a call line well under that.
+PAYLOAD_MAX_BYTES = 4 * 1024
 
 OPTIONS: list[Option] = [
     Option(
@@ -57,7 +62,7 @@ OPTIONS: list[Option] = [
     Option(
         "--log-payload-max-bytes",
         "rendering of each logged payload stops at about this size (e.g. 16KiB)",
-        default=16 * 1024,
+        default=PAYLOAD_MAX_BYTES,
         type=byte_size,
         metavar="SIZE",
     ),
@@ -89,7 +94,7 @@ class CallLogStage(Stage):
         redactor: redact.Redactor,
         *,
         errors_only: bool = False,
-        payload_max_bytes: int = 16 * 1024,
+        payload_max_bytes: int = PAYLOAD_MAX_BYTES,
     ) -> None:
         self.logger = logger
         self.redactor = redactor
@@ -170,11 +175,16 @@ class CallLogStage(Stage):
         if lazy is None:
             return
         fields[label + "_bytes"] = len(lazy.raw)
-        message: Message | None = lazy.message
+        message: Message | None = lazy.sampled
         if message is None:
             fields[label + "_error"] = lazy.decode_error or "message type unknown"
             return
-        fields[label] = self.redactor.render_call(message, call, self.payload_max_bytes, lazy.raw)
+        sample = lazy.sample
+        if sample is not None:
+            fields[label + "_sampled"] = dict(sample.totals)
+        fields[label] = self.redactor.render_call(
+            message, call, self.payload_max_bytes, lazy.raw, sample
+        )
 
 
 class PayloadCallLogStage(CallLogStage):
@@ -202,5 +212,5 @@ def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
         runtime.logger,
         redactor,
         errors_only=mode == "errors",
-        payload_max_bytes=int(getattr(ns, "log_payload_max_bytes", 16 * 1024)),
+        payload_max_bytes=int(getattr(ns, "log_payload_max_bytes", PAYLOAD_MAX_BYTES)),
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -147,19 +148,17 @@ class SerializeStage(Stage):
             return self.timeout
         return min(self.timeout, remaining - min(DEADLINE_MARGIN, 0.1 * remaining))
 
-    async def on_start(self, call: Call) -> None:
+    def on_start(self, call: Call) -> Awaitable[None] | None:
         keys = keys_of(call)
         if not keys:
-            return
+            return None
         if len(keys) > 1:
             keys = tuple(sorted(keys))
         table = self.table
         per_method = self._per_method.get(call.method.path)
         held: list[str] = []
         call.stage_state[HELD] = held
-        started: float | None = None
-        deadline = 0.0
-        for key in keys:
+        for index, key in enumerate(keys):
             if table.try_acquire(key, call):
                 held.append(key)
                 continue
@@ -172,9 +171,26 @@ class SerializeStage(Stage):
                     f"operation pending for {describe_key(key)}: "
                     f"{describe_holder(table.holder(key))} is in progress",
                 )
-            if started is None:
-                started = time.monotonic()
-                deadline = started + self._wait_limit(call)
+            return self._queue(call, keys, index, held, per_method)
+        self._record_wait(call, per_method, keys, 0.0, queued=False)
+        return None
+
+    async def _queue(
+        self,
+        call: Call,
+        keys: tuple[str, ...],
+        index: int,
+        held: list[str],
+        per_method: _PerMethod | None,
+    ) -> None:
+        """Wait (in key order) for ``keys[index:]``; the ones before are already held."""
+        table = self.table
+        started = time.monotonic()
+        deadline = started + self._wait_limit(call)
+        for key in keys[index:]:
+            if table.try_acquire(key, call):
+                held.append(key)
+                continue
             try:
                 await table.acquire(key, call, deadline - time.monotonic())
             except TimeoutError:
@@ -193,10 +209,7 @@ class SerializeStage(Stage):
                 self._release(call, held)
                 raise
             held.append(key)
-        if started is None:
-            self._record_wait(call, per_method, keys, 0.0, queued=False)
-        else:
-            self._record_wait(call, per_method, keys, time.monotonic() - started, queued=True)
+        self._record_wait(call, per_method, keys, time.monotonic() - started, queued=True)
 
     def _record_wait(
         self,

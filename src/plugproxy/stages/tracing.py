@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
+    Decision,
     ParentBased,
     Sampler,
     TraceIdRatioBased,
@@ -82,12 +83,13 @@ _STATE_CLIENT_ID = "tracing.client_span_id"
 class _PresetIdGenerator(RandomIdGenerator):
     """Random ids, except that the next span id can be fixed in advance.
 
-    The event loop is single-threaded and nothing awaits between setting the id and
+    The event loop is single-threaded and nothing awaits between setting an id and
     starting the span, so a preset id is always taken by the span it was meant for.
     """
 
     def __init__(self) -> None:
         self.next_span_id: int | None = None
+        self.next_trace_id: int | None = None
 
     def generate_span_id(self) -> int:
         preset = self.next_span_id
@@ -95,6 +97,13 @@ class _PresetIdGenerator(RandomIdGenerator):
             self.next_span_id = None
             return preset
         return random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        preset = self.next_trace_id
+        if preset is not None:
+            self.next_trace_id = None
+            return preset
+        return random.getrandbits(128) or 1
 
 
 class TracingStage(Stage):
@@ -118,8 +127,13 @@ class TracingStage(Stage):
             **(resource_attributes or {}),
         }
         self._ids = _PresetIdGenerator()
+        # Flags of a dropped new trace, as the SDK sets them: W3C random-trace-id (0x02) in
+        # SDKs that know it, never sampled.
+        is_random = getattr(self._ids, "is_trace_id_random", None)
+        self._flags = 0x02 if is_random is not None and is_random() else 0x00
+        self._sampler = sampler if sampler is not None else ParentBased(ALWAYS_ON)
         self.provider = TracerProvider(
-            sampler=sampler if sampler is not None else ParentBased(ALWAYS_ON),
+            sampler=self._sampler,
             resource=Resource(attributes),
             id_generator=self._ids,
             shutdown_on_exit=False,
@@ -137,8 +151,6 @@ class TracingStage(Stage):
                 if carrier is None:
                     carrier = {}
                 carrier[key] = value
-        if carrier is not None:
-            parent = _PROPAGATOR.extract(carrier, context=parent)
         attributes: dict[str, Any] = {
             "rpc.system": "grpc",
             "rpc.service": method.service,
@@ -148,8 +160,13 @@ class TracingStage(Stage):
         keys = keys_of(call)
         if keys:
             attributes["plugproxy.keys"] = keys
+        name = method.path.lstrip("/")
+        if carrier is not None:
+            parent = _PROPAGATOR.extract(carrier, context=parent)
+        elif not self._root_sampled(call, name, attributes):
+            return
         server = self.tracer.start_span(
-            method.path.lstrip("/"),
+            name,
             context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
@@ -170,6 +187,25 @@ class TracingStage(Stage):
         )
         if ctx.trace_state:
             upstream.append(("tracestate", ctx.trace_state.to_header()))
+
+    def _root_sampled(self, call: Call, name: str, attributes: dict[str, Any]) -> bool:
+        """A call that starts a trace: ask the sampler first, as the SDK would.
+
+        Most calls of a busy proxy are dropped by the sampler; for those the SDK would only
+        build a non-recording span. Skipping it leaves what the plugin sees the same: a new
+        trace id, a span id and the not-sampled flag. A call to record hands its trace id to
+        the SDK, which asks the sampler again with the same inputs."""
+        trace_id = self._ids.generate_trace_id()
+        decision = self._sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes)
+        if decision.decision is not Decision.DROP:
+            self._ids.next_trace_id = trace_id
+            return True
+        upstream = call.upstream_metadata
+        if any(k in TRACE_HEADERS for k, _ in upstream):
+            upstream[:] = [(k, v) for k, v in upstream if k not in TRACE_HEADERS]
+        span_id = self._ids.generate_span_id()
+        upstream.append(("traceparent", f"00-{trace_id:032x}-{span_id:016x}-{self._flags:02x}"))
+        return False
 
     def on_finish(self, call: Call) -> None:
         server = call.stage_state.get(_STATE_SERVER)

@@ -13,7 +13,9 @@ Modes (``--validation``, per rule ``--rule ID=MODE``):
 - ``off``: the stage is not built at all.
 
 The rules are data (:mod:`plugproxy.rules`), compiled per message type at startup. The stage
-is fail-closed: an exception in a request check ends the call with INTERNAL.
+is fail-closed: an exception in a request check ends the call with INTERNAL. Requests are
+judged whole; a large response is judged on the sample :mod:`plugproxy.sampling` takes of
+its long lists, violations naming entries by their real index.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -37,6 +39,7 @@ from plugproxy.rules import TABLES, all_rules
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
     CO,
+    JUDGED_RESPONSE,
     MUST,
     PLUGIN,
     CompiledSpec,
@@ -45,6 +48,7 @@ from plugproxy.rules.engine import (
     compile_table,
 )
 from plugproxy.rules.state import SpecState
+from plugproxy.sampling import Sample
 
 OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
 MODES = (OFF, AUDIT, ENFORCE)
@@ -158,6 +162,23 @@ class _Plan:
     malformed: Rule
 
 
+def _real_index(violation: Violation, sample: Sample) -> Violation:
+    """Name the entry a violation found in a sampled list by its index in the real list."""
+    for name, indices in sample.indices.items():
+        prefix = name + "["
+        if violation.field.startswith(prefix):
+            position, bracket, rest = violation.field[len(prefix) :].partition("]")
+            if bracket and position.isdigit() and int(position) < len(indices):
+                old = f"{prefix}{position}]"
+                new = f"{prefix}{indices[int(position)]}]"
+                return replace(
+                    violation,
+                    field=new + rest,
+                    message=violation.message.replace(old, new, 1),
+                )
+    return violation
+
+
 class ValidateStage(Stage):
     name = "validate"
     fail_open = False
@@ -227,13 +248,26 @@ class ValidateStage(Stage):
 
     # -- requests -------------------------------------------------------------------------
 
-    async def on_start(self, call: Call) -> None:
+    def on_start(self, call: Call) -> Awaitable[None] | None:
         plan = self._plans[call.method.path]
-        if call.request is None:
-            return  # client-streaming: judged message by message in on_request
-        if plan.needs:
-            await self._learn_capabilities(plan, call)
-        self._judge_request(plan, call, call.request)
+        request = call.request
+        if request is None:
+            return None  # client-streaming: judged message by message in on_request
+        if plan.needs and self._must_learn(plan):
+            return self._learn_then_judge(plan, call, request)
+        self._judge_request(plan, call, request)
+        return None
+
+    @staticmethod
+    def _must_learn(plan: _Plan) -> bool:
+        st = plan.state
+        return any(
+            st.known_capabilities(kind) is None and st.may_query(kind) for kind in plan.needs
+        )
+
+    async def _learn_then_judge(self, plan: _Plan, call: Call, request: LazyMessage) -> None:
+        await self._learn_capabilities(plan, call)
+        self._judge_request(plan, call, request)
 
     def on_request(self, call: Call, message: LazyMessage) -> None:
         self._judge_request(self._plans[call.method.path], call, message)
@@ -317,7 +351,9 @@ class ValidateStage(Stage):
 
     def on_response(self, call: Call, message: LazyMessage) -> None:
         plan = self._plans[call.method.path]
-        resp = message.message
+        # A large response is judged on a sample of its long lists (plugproxy.sampling),
+        # like the response checkers' own limit; list lengths still count every entry.
+        resp = message.sampled
         if resp is None:
             error = message.decode_error or "cannot decode the response"
             self._record(plan, call, (Violation(plan.malformed, "", error, PLUGIN),), PLUGIN)
@@ -330,9 +366,16 @@ class ValidateStage(Stage):
         if plan.response_checks:
             req = call.request.message if call.request is not None else None
             if req is not None:
-                for check in plan.response_checks:
-                    out.extend(check(plan.spec, plan.state, call, req, resp))
+                call.stage_state[JUDGED_RESPONSE] = message
+                try:
+                    for check in plan.response_checks:
+                        out.extend(check(plan.spec, plan.state, call, req, resp))
+                finally:
+                    del call.stage_state[JUDGED_RESPONSE]
         if out:
+            sample = message.sample
+            if sample is not None:
+                out = [_real_index(v, sample) for v in out]
             self._record(plan, call, out, PLUGIN)
 
     def on_finish(self, call: Call) -> None:
