@@ -25,36 +25,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import payloads  # noqa: E402
+import run  # noqa: E402
 
 from plugproxy import pipeline, serve  # noqa: E402
 from plugproxy.api import Call, LazyMessage  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
 
-PASSTHROUGH = [
-    "--call-log", "off", "--serialize", "off", "--validation", "off",
-    "--redact-defaults", "off", "--disable-metrics", "--admin-listen", "off",
-    "--readiness-probe", "off",
-]  # fmt: skip
-# stage -> (flags added to PASSTHROUGH, flags removed, environment)
-STAGES: dict[str, tuple[list[str], list[str], dict[str, str]]] = {
-    "validation": (["--validation", "audit"], [], {}),
-    "call-log": (["--call-log", "all"], [], {}),
-    "call-log+payloads": (
-        ["--call-log", "all", "--log-payloads", "--redact-defaults", "on"],
-        [],
-        {},
-    ),
-    "metrics": ([], ["--disable-metrics"], {}),
-    "tracing": (
-        [],
-        [],
-        {
-            "OTEL_TRACES_EXPORTER": "console",
-            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-            "OTEL_TRACES_SAMPLER_ARG": "0.1",
-        },
-    ),
-}
+# The stages run.py --features prices, minus serialization: GetPluginInfo has no key, so
+# that stage is not in its chain. Flags and environment are run.py's own.
+STAGES = {name: spec for name, spec in run.FEATURES.items() if name != "serialization"}
 METHOD = payloads.PLUGIN_INFO
 
 
@@ -64,7 +43,8 @@ async def cost(stage: str, calls: int, log: Path) -> float:
     saved = {key: os.environ.get(key) for key in (*env, "OTEL_TRACES_EXPORTER")}
     os.environ.update({"OTEL_TRACES_EXPORTER": "none", **env})
     try:
-        argv = [f for f in PASSTHROUGH if f not in dropped] + added
+        passthrough = run.serve_flags("passthrough", log)
+        argv = [f for f in passthrough if f not in dropped] + ["--admin-listen", "off", *added]
         endpoints = ["--listen", "unix:///nonexistent/in.sock"]
         endpoints += ["--upstream", "unix:///nonexistent/up.sock"]  # never connected
         ns = serve.parse_args([*endpoints, *argv])
