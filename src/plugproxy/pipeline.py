@@ -7,7 +7,7 @@ Order (each stage's module says why it sits where it does):
 3. calllog   — request ids are set before validation and serialization refer to the call.
 4. validate  — judges the request before it may wait for a lock; rejects never queue.
 5. serialize — holds the volume's lock only around the plugin call itself.
-→ forwarder  — the last step, in :mod:`plugproxy.proxy`: relays bytes to the plugin.
+→ forwarder  — the last step, in :mod:`plugproxy.relay`: relays bytes to the plugin.
 
 ``on_start`` runs in this order, ``on_finish`` in reverse. At startup each method gets a
 :class:`Chain` of only the stages that want it; a disabled stage is simply not in the list.

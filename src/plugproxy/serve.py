@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 from plugproxy import __version__, admin, pipeline, readiness, transport
 from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
 from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
-from plugproxy.framerelay import FrameRelay
 from plugproxy.log import LEVELS, Logger
 from plugproxy.options import OneLineParser, Option, add_options, byte_size, duration, octal_mode
-from plugproxy.proxy import Proxy
 from plugproxy.registry import SPEC_NAMES, Registry
+from plugproxy.relay.framerelay import FrameRelay
+from plugproxy.relay.grpcrelay import GrpcRelay
 from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
 from plugproxy.stages.metrics import register_process_metrics
 from plugproxy.upstream import Upstream
@@ -60,6 +60,14 @@ CORE_OPTIONS: list[Option] = [
         default=10000,
         type=int,
         metavar="N",
+    ),
+    Option(
+        "--plugin-wait",
+        "how long a call may wait for a plugin that cannot be reached (at most its own "
+        "deadline), so sidecars started before the plugin come up; 0 fails such calls at once",
+        default=60.0,
+        type=duration,
+        metavar="DURATION",
     ),
     Option(
         "--admin-listen",
@@ -157,7 +165,7 @@ class ProxyServer:
         self.stages: list[Stage] = (
             stages if stages is not None else pipeline.build_stages(ns, self.runtime)
         )
-        self.proxy: Proxy | None = None
+        self.proxy: GrpcRelay | None = None
         self.relay: FrameRelay | None = None
         if self.settings.relay == "frames":
             self.relay = FrameRelay(
@@ -167,9 +175,10 @@ class ProxyServer:
                 self.logger,
                 max_message_bytes=ns.max_message_bytes,
                 max_concurrent_calls=ns.max_concurrent_calls,
+                plugin_wait=ns.plugin_wait,
             )
         else:
-            self.proxy = Proxy(self.registry, self.upstream, self.stages, self.logger)
+            self.proxy = GrpcRelay(self.registry, self.upstream, self.stages, self.logger)
         self.server: grpc.aio.Server | None = None
         self.admin: admin.AdminServer | None = None
         self.port = 0

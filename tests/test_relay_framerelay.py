@@ -19,9 +19,11 @@ import pytest
 
 from plugproxy.api import Call, CallKind, LazyMessage, MethodInfo, Reject, Stage
 from plugproxy.endpoints import parse_endpoint
-from plugproxy.framerelay import DATA, FrameRelay, format_timeout, frame, parse_timeout
 from plugproxy.log import Logger
 from plugproxy.registry import load_spec
+from plugproxy.relay.framerelay import FrameRelay
+from plugproxy.relay.frames import DATA, frame
+from plugproxy.relay.grpcwire import format_timeout, parse_timeout
 from plugproxy.upstream import Upstream
 from tests.support import ECHO, channel, start_proxy, start_recorder
 

@@ -72,7 +72,7 @@ class _Relay:
                 await context.send_initial_metadata(initial)
 
 
-class Proxy(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
+class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
     """A generic handler that answers every method path by forwarding it upstream."""
 
     def __init__(

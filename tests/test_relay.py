@@ -232,7 +232,9 @@ async def test_large_messages_and_limit(tmp_path):
 async def test_upstream_absent_then_present_then_restarted(tmp_path):
     upstream = str(tmp_path / "plugin.sock")
     listen = str(tmp_path / "proxy.sock")
-    proxy = await start_proxy(listen, upstream)
+    # --plugin-wait 0: a call that finds no plugin fails at once (waiting is tested in
+    # tests/test_relay_framerelay.py).
+    proxy = await start_proxy(listen, upstream, "--plugin-wait", "0")
     try:
         async with channel(listen) as ch:
             start = time.monotonic()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hpack
 
-from plugproxy import hpackcodec
+from plugproxy.relay import hpackcodec
 
 
 def test_blocks_decode_to_the_same_headers_in_order_and_leave_no_table_state():
