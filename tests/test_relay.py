@@ -265,6 +265,45 @@ async def test_upstream_absent_then_present_then_restarted(tmp_path):
         await proxy.stop(0)
 
 
+async def test_a_call_made_before_the_plugin_exists_waits_for_it(tmp_path):
+    """Start order (sidecars first): the call waits within its deadline, /readyz says not
+    ready meanwhile, and the call succeeds once the plugin listens."""
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "proxy.sock")
+    proxy = await start_proxy(listen, upstream)  # --plugin-wait defaults to 60 s
+    server = None
+    try:
+        async with channel(listen) as ch:
+            call = asyncio.ensure_future(ch.unary_unary(ECHO + "Unary")(b"early", timeout=20))
+            await asyncio.sleep(1.5)
+            assert not call.done()
+            assert proxy._upstream_ready()[0] is False
+            server, plugin = await start_recorder(upstream)
+            assert await asyncio.wait_for(call, 15) == b"echo:early"
+            assert plugin.last().requests == [b"early"]
+    finally:
+        await proxy.stop(0)
+        if server is not None:
+            await server.stop(0)
+
+
+async def test_plugin_wait_bounds_how_long_a_call_waits(tmp_path):
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "proxy.sock")
+    proxy = await start_proxy(listen, upstream, "--plugin-wait", "700ms")
+    try:
+        async with channel(listen) as ch:
+            start = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await ch.unary_unary(ECHO + "Unary")(b"x", timeout=10)
+            waited = time.monotonic() - start
+    finally:
+        await proxy.stop(0)
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert f"unix://{upstream}" in info.value.details()
+    assert 0.6 < waited < 4
+
+
 async def test_authority_is_localhost_toward_unix_upstream(tmp_path):
     """A raw HTTP/2 peer reads the :authority header the proxy sends."""
     h2_connection = pytest.importorskip("h2.connection")

@@ -152,6 +152,61 @@ async def test_padding_priority_ping_and_unknown_frames_from_a_raw_http2_client(
     assert plugin.last().metadata["x-custom"] == "kept"
 
 
+def _unary_request_bytes(path: str, payload: bytes) -> tuple[h2.connection.H2Connection, bytes]:
+    """A whole unary call as a client writes it: preface, SETTINGS, HEADERS, DATA."""
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    conn.send_headers(
+        1,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
+    conn.send_data(1, b"\x00" + len(payload).to_bytes(4, "big") + payload, end_stream=True)
+    return conn, conn.data_to_send()
+
+
+async def test_clients_that_send_their_call_before_reading_our_preface_are_served(recorder):
+    """Old gRPC clients (grpc-go before ~1.20, and others until ~2023) write their whole first
+    call before reading anything. Our SETTINGS must come first (RFC 9113 §3.4), whatever
+    the plugin is doing, on every connection."""
+    plugin, upstream, listen = recorder
+    proxy = await start_proxy(listen, upstream, "--relay", "frames")
+    try:
+        for attempt in range(20):
+            conn, request = _unary_request_bytes(ECHO + "Unary", b"old-%d" % attempt)
+            reader, writer = await asyncio.open_unix_connection(listen)
+            writer.write(request)
+            head = await asyncio.wait_for(reader.readexactly(9), 5)
+            assert head[3] == 0x4 and not head[4] & 0x1, "first frame is our SETTINGS"
+            rest = await asyncio.wait_for(reader.readexactly(int.from_bytes(head[:3], "big")), 5)
+            body, trailers = b"", None
+            chunk = head + rest
+            while trailers is None:
+                for event in conn.receive_data(chunk):
+                    if isinstance(event, h2.events.DataReceived):
+                        body += event.data
+                    elif isinstance(event, h2.events.TrailersReceived):
+                        trailers = dict(event.headers)
+                writer.write(conn.data_to_send())
+                if trailers is None:
+                    chunk = await asyncio.wait_for(reader.read(65536), 5)
+                    assert chunk, "the relay closed the connection"
+            writer.close()
+            assert trailers[b"grpc-status"] == b"0"
+            assert body[5:] == b"echo:old-%d" % attempt
+    finally:
+        await proxy.stop(0)
+    assert len([s for s in plugin.seen if s.method == ECHO + "Unary"]) == 20
+
+
 async def test_a_client_that_does_not_speak_http2_is_dropped_and_others_go_on(recorder):
     _, upstream, listen = recorder
     proxy = await start_proxy(listen, upstream, "--relay", "frames")

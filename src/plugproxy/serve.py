@@ -178,7 +178,9 @@ class ProxyServer:
                 plugin_wait=ns.plugin_wait,
             )
         else:
-            self.proxy = GrpcRelay(self.registry, self.upstream, self.stages, self.logger)
+            self.proxy = GrpcRelay(
+                self.registry, self.upstream, self.stages, self.logger, ns.plugin_wait
+            )
         self.server: grpc.aio.Server | None = None
         self.admin: admin.AdminServer | None = None
         self.port = 0

@@ -394,21 +394,13 @@ class H2Connection:
             return
         if len(self.streams) >= self.limits.max_concurrent_streams:
             raise StreamFault(sid, REFUSED_STREAM, "over SETTINGS_MAX_CONCURRENT_STREAMS")
-        problem = hpackcodec.request_problem(headers)
-        end = StreamEnd(sid, self.peer_initial_window, self.limits.stream_window)
-        if not problem:
-            for name, value in headers:
-                if name == b"content-length":
-                    if not value.isdigit():
-                        problem = "invalid content-length"
-                    elif end.content_length >= 0 and int(value) != end.content_length:
-                        problem = "conflicting content-length"
-                    else:
-                        end.content_length = int(value)
-            if ended and end.content_length > 0:
-                problem = "content-length without DATA"
+        problem, length = hpackcodec.check_request(headers)
+        if ended and length > 0 and not problem:
+            problem = "content-length without DATA"
         if problem:
             raise StreamFault(sid, PROTOCOL_ERROR, f"malformed request: {problem}")
+        end = StreamEnd(sid, self.peer_initial_window, self.limits.stream_window)
+        end.content_length = length
         end.headers_received = True
         end.remote_closed = ended
         self.streams[sid] = end

@@ -81,11 +81,13 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         upstream: Upstream,
         stages: list[Stage],
         logger: Logger,
+        plugin_wait: float = 0.0,
     ) -> None:
         self.registry = registry
         self.upstream = upstream
         self.stages = stages
         self.logger = logger
+        self.plugin_wait = plugin_wait
         self._handlers: dict[str, grpc.RpcMethodHandler] = {
             info.path: self._handler(info) for info in registry.methods()
         }
@@ -119,6 +121,13 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             )
         method = _Method(info, chain, channel.stream_stream(info.path))
         return grpc.stream_stream_rpc_method_handler(functools.partial(self._stream_stream, method))
+
+    async def _await_plugin(self, remaining: float | None) -> None:
+        """A plugin not reachable yet is waited for, within the call's deadline and
+        --plugin-wait; the call then goes ahead (and fails UNAVAILABLE if it is still down)."""
+        if self.plugin_wait > 0 and not self.upstream.channel_is_ready():
+            wait = self.plugin_wait if remaining is None else min(self.plugin_wait, remaining)
+            await self.upstream.wait_ready(wait)
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -155,6 +164,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
     async def _passthrough_unary(
         self, method: _Method, request: bytes, context: ServicerContext
     ) -> bytes:
+        await self._await_plugin(context.time_remaining())
         ucall = method.upstream(
             request,
             metadata=forwardable(context.invocation_metadata()),
@@ -196,6 +206,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         try:
             try:
                 await chain.run_start(call)
+                await self._await_plugin(call.remaining_timeout())
                 ucall = method.upstream(
                     request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -249,6 +260,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
+                await self._await_plugin(call.remaining_timeout())
                 ucall = method.upstream(
                     request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -322,6 +334,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
+                await self._await_plugin(call.remaining_timeout())
                 ucall = method.upstream(
                     metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -361,6 +374,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
+                await self._await_plugin(call.remaining_timeout())
                 ucall = method.upstream(
                     metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )

@@ -135,42 +135,48 @@ def _value_problem(name: bytes, value: bytes) -> str:
     return ""
 
 
-def request_problem(headers: Iterable[Header]) -> str:
-    """Why a request's header block is malformed (§8.3.1), or "" when it is not."""
+def check_request(headers: Iterable[Header]) -> tuple[str, int]:
+    """Why a request's header block is malformed (§8.3.1), or "" when it is not; and the
+    content-length it declares (-1 when none)."""
     pseudo: set[bytes] = set()
     regular = False
     method = b""
+    length = -1
     for name, value in headers:
         if name[:1] == b":":
             if regular:
-                return f"pseudo-header {name.decode('latin-1')} after a regular field"
+                return f"pseudo-header {name.decode('latin-1')} after a regular field", length
             if name not in REQUEST_PSEUDO:
-                return f"pseudo-header {name[:64].decode('latin-1')} not allowed in a request"
+                return f"pseudo-header {name[:64].decode('latin-1')} not allowed here", length
             if name in pseudo:
-                return f"pseudo-header {name.decode()} repeated"
+                return f"pseudo-header {name.decode()} repeated", length
             pseudo.add(name)
             if name == b":method":
                 method = value
             elif name == b":path" and not value:
-                return "empty :path"
+                return "empty :path", length
         else:
             regular = True
             problem = _name_problem(name)
             if problem:
-                return problem
+                return problem, length
             if name == b"te" and value != b"trailers":
-                return "te other than trailers"
+                return "te other than trailers", length
+            if name == b"content-length":
+                if not value.isdigit() or (length >= 0 and int(value) != length):
+                    return "invalid content-length", length
+                length = int(value)
         problem = _value_problem(name, value)
         if problem:
-            return problem
+            return problem, length
     if method == b"CONNECT":
         if b":scheme" in pseudo or b":path" in pseudo or b":authority" not in pseudo:
-            return "CONNECT needs :authority and no :scheme or :path"
-        return ""
+            return "CONNECT needs :authority and no :scheme or :path", length
+        return "", length
     for required in (b":method", b":scheme", b":path"):
         if required not in pseudo:
-            return f"{required.decode()} missing"
-    return ""
+            return f"{required.decode()} missing", length
+    return "", length
 
 
 def response_problem(headers: Iterable[Header], trailers: bool) -> str:

@@ -1,0 +1,72 @@
+"""gRPC messages on the wire: splitting, limits, and memory that follows the bytes that came."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plugproxy.relay.grpcwire import Messages, MessageTooLarge, is_grpc, message_frame
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=300), max_size=6),
+    cuts=st.lists(st.integers(min_value=1, max_value=50), max_size=40),
+)
+def test_messages_split_the_same_however_the_bytes_are_cut(bodies, cuts):
+    wire = b"".join(message_frame(i % 2 == 1, body) for i, body in enumerate(bodies))
+    messages = Messages(limit=1000, collect=True)
+    got: list[tuple[bool, bytes]] = []
+    pos = 0
+    for cut in [*cuts, len(wire)]:
+        got += messages.feed(wire[pos : pos + cut])
+        pos += cut
+    assert got == [(i % 2 == 1, body) for i, body in enumerate(bodies)]
+    assert messages.count == len(bodies)
+    assert messages.partial == 0
+
+
+def test_a_claimed_length_costs_nothing_until_the_bytes_arrive():
+    messages = Messages(limit=16 << 20, collect=True)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(50):  # fifty streams' worth of 16 MiB claims
+            Messages(limit=16 << 20, collect=True).feed(b"\x00" + (16 << 20).to_bytes(4, "big"))
+        messages.feed(b"\x00" + (16 << 20).to_bytes(4, "big") + b"x" * 100)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024
+    assert messages.partial == 105  # what arrived, prefix included
+
+
+def test_a_length_over_the_limit_is_refused_from_its_prefix():
+    messages = Messages(limit=1024, collect=False)
+    with pytest.raises(MessageTooLarge) as info:
+        messages.feed(b"\x00\x00\x00\x04\x01")
+    assert info.value.size == 1025
+
+
+def test_counting_without_collecting_keeps_no_bytes():
+    messages = Messages(limit=1 << 20, collect=False)
+    assert messages.feed(message_frame(False, b"a" * 10) + message_frame(False, b"b" * 7)[:6]) == []
+    assert messages.count == 1
+    assert messages.partial == 0
+
+
+@pytest.mark.parametrize(
+    ("content_type", "grpc"),
+    [
+        (b"application/grpc", True),
+        (b"application/grpc+proto", True),
+        (b"application/grpc;charset=utf-8", True),
+        (b"application/grpcx", False),
+        (b"application/json", False),
+        (b"", False),
+    ],
+)
+def test_grpc_content_types(content_type, grpc):
+    assert is_grpc(content_type) is grpc
