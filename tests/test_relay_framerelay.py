@@ -207,6 +207,54 @@ async def test_clients_that_send_their_call_before_reading_our_preface_are_serve
     assert len([s for s in plugin.seen if s.method == ECHO + "Unary"]) == 20
 
 
+@pytest.mark.parametrize("path", [CREATE, ECHO + "Unary"], ids=["staged", "passthrough"])
+async def test_a_request_cut_inside_its_message_fails_and_never_reaches_the_plugin(recorder, path):
+    """A prefix that claims 200 bytes, 100 sent, then END_STREAM: INTERNAL, as gRPC servers
+    answer, and the plugin never handles a request (it used to get an empty one)."""
+    plugin, upstream, listen = recorder
+    plugin.raw[CREATE] = lambda request: b""
+    proxy = await start_proxy(listen, upstream, "--relay", "frames")
+    try:
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        conn.initiate_connection()
+        conn.send_headers(
+            1,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ],
+        )
+        conn.send_data(1, b"\x00\x00\x00\x00\xc8" + b"x" * 50)
+        reader, writer = await asyncio.open_unix_connection(listen)
+        writer.write(conn.data_to_send())
+        await asyncio.sleep(0.2)  # the first half arrives in a read of its own
+        conn.send_data(1, b"y" * 50, end_stream=True)
+        writer.write(conn.data_to_send())
+        trailers = None
+        while trailers is None:
+            chunk = await asyncio.wait_for(reader.read(65536), 5)
+            assert chunk, "the relay closed the connection"
+            for event in conn.receive_data(chunk):
+                if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                    headers = dict(event.headers)
+                    if b"grpc-status" in headers:
+                        trailers = headers
+            writer.write(conn.data_to_send())
+        writer.close()
+        await asyncio.sleep(0.2)
+    finally:
+        await proxy.stop(0)
+    assert trailers[b"grpc-status"] == b"13"
+    assert b"ended inside a message" in trailers[b"grpc-message"]
+    assert [s for s in plugin.seen if s.method == path] == []
+
+
 async def test_a_client_that_does_not_speak_http2_is_dropped_and_others_go_on(recorder):
     _, upstream, listen = recorder
     proxy = await start_proxy(listen, upstream, "--relay", "frames")

@@ -24,36 +24,38 @@ from plugproxy.relay.limits import Limits
 
 
 class Collector:
-    def __init__(self) -> None:
+    """A reader whose handlers record what they are handed."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
         self.frames: list[tuple[int, int, int, bytes, int]] = []
         self.blocks: list[tuple[int, int, bytes]] = []
         self.faults: list[StreamFault] = []
-
-    def feed(self, reader: FrameReader, data: bytes) -> None:
-        reader.feed(
-            data,
-            lambda *f: self.frames.append(f),
+        self.reader = FrameReader(
+            limits or Limits(),
+            lambda sid, flags, data, length: self.frames.append((DATA, flags, sid, data, length)),
+            lambda ftype, flags, sid, payload: self.frames.append((ftype, flags, sid, payload, 0)),
             lambda *b: self.blocks.append(b),
             self.faults.append,
         )
 
+    def feed(self, data: bytes) -> None:
+        self.reader.feed(data)
+
 
 def test_an_oversized_frame_is_refused_from_its_header_before_the_payload_arrives():
-    reader, seen = FrameReader(Limits()), Collector()
+    seen = Collector()
     with pytest.raises(ConnectionFault) as info:
-        seen.feed(reader, ((16 << 20) - 1).to_bytes(3, "big") + bytes((DATA, 0)) + (1).to_bytes(4, "big"))
+        seen.feed(((16 << 20) - 1).to_bytes(3, "big") + bytes((DATA, 0)) + (1).to_bytes(4, "big"))
     assert info.value.code == FRAME_SIZE_ERROR
 
 
 def test_header_blocks_are_joined_and_capped_in_bytes():
-    reader, seen = FrameReader(Limits(max_header_block_bytes=40_000)), Collector()
-    seen.feed(reader, frame(HEADERS, 0, 1, b"a" * 10) + frame(CONTINUATION, END_HEADERS, 1, b"b"))
+    seen = Collector(Limits(max_header_block_bytes=40_000))
+    seen.feed(frame(HEADERS, 0, 1, b"a" * 10) + frame(CONTINUATION, END_HEADERS, 1, b"b"))
     assert seen.blocks == [(1, 0, b"a" * 10 + b"b")]
-    seen.feed(
-        reader, frame(HEADERS, 0, 3, b"x" * 16_000) + frame(CONTINUATION, 0, 3, b"y" * 16_000)
-    )
+    seen.feed(frame(HEADERS, 0, 3, b"x" * 16_000) + frame(CONTINUATION, 0, 3, b"y" * 16_000))
     with pytest.raises(ConnectionFault) as info:
-        seen.feed(reader, frame(CONTINUATION, 0, 3, b"z" * 16_000))
+        seen.feed(frame(CONTINUATION, 0, 3, b"z" * 16_000))
     assert info.value.code == frames.ENHANCE_YOUR_CALM
 
 
@@ -94,14 +96,13 @@ def test_header_blocks_are_joined_and_capped_in_bytes():
 )
 def test_connection_errors(data, code):
     with pytest.raises(ConnectionFault) as info:
-        Collector().feed(FrameReader(Limits()), data)
+        Collector().feed(data)
     assert info.value.code == code
 
 
 def test_stream_errors_leave_the_reader_going():
-    reader, seen = FrameReader(Limits()), Collector()
+    seen = Collector()
     seen.feed(
-        reader,
         frame(PRIORITY, 0, 1, b"\x00\x00\x00\x03\x10")  # 5 bytes: fine
         + frame(PRIORITY, 0, 3, b"\x00\x00\x00\x05")  # 4 bytes
         + frame(PRIORITY, 0, 5, b"\x00\x00\x00\x05\x10")  # depends on itself
@@ -115,9 +116,8 @@ def test_stream_errors_leave_the_reader_going():
 
 
 def test_padding_and_priority_are_stripped_but_flow_control_counts_padding():
-    reader, seen = FrameReader(Limits()), Collector()
+    seen = Collector()
     seen.feed(
-        reader,
         frame(DATA, PADDED, 1, b"\x03data\x00\x00\x00")
         + frame(HEADERS, PRIORITY_FLAG | END_HEADERS, 1, b"\x00\x00\x00\x03\x10block")
         + frame(HEADERS, PRIORITY_FLAG | END_HEADERS, 5, b"\x00\x00\x00\x05\x10block"),
@@ -130,7 +130,7 @@ def test_padding_and_priority_are_stripped_but_flow_control_counts_padding():
 
 def test_frames_split_anywhere_are_read_whole():
     wire = frame(DATA, 0, 1, b"x" * 100) + frame(0xFA, 0, 0, b"ignored") + frame(DATA, 0, 3, b"y")
-    reader, seen = FrameReader(Limits()), Collector()
+    seen = Collector()
     for i in range(0, len(wire), 7):
-        seen.feed(reader, wire[i : i + 7])
+        seen.feed(wire[i : i + 7])
     assert [(f[2], f[3]) for f in seen.frames] == [(1, b"x" * 100), (3, b"y")]

@@ -85,6 +85,7 @@ class StreamEnd:
 
     __slots__ = (
         "content_length",
+        "head",
         "headers_received",
         "id",
         "local_closed",
@@ -106,6 +107,7 @@ class StreamEnd:
         self.local_closed = False  # we sent END_STREAM (it left, not just queued)
         self.headers_received = False
         self.content_length = -1  # server side: what the request declared, if it did
+        self.head: hpackcodec.RequestHead | None = None  # server side: the request's head
         self.pending: list[tuple[int, bytes, bool]] = []  # output held back by flow control
         self.reset_after = False  # send RST_STREAM(NO_ERROR) once our END_STREAM is out
         self.owner: Any = None  # the pairing's call state
@@ -156,10 +158,11 @@ class H2Connection:
         self.limits = limits
         self.events = events
         self.server = server
-        self.reader = FrameReader(limits)
+        self.reader = FrameReader(limits, self._data, self._frame, self._block, self._stream_fault)
         self.decoder = hpackcodec.new_decoder(limits.max_header_list_size)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
+        self.flush_scheduled = False
         self.writable = True  # the transport's buffer is under its high-water mark
         self.queued_control = 0  # replies queued while not writable
         self.preface_pending = server  # a server first reads the client's preface
@@ -213,6 +216,18 @@ class H2Connection:
         self._arm_timer(limits.header_block_seconds)
         self.flush()
 
+    def flush_soon(self) -> None:
+        """Write what is queued once the loop has run this round's other callbacks, so the
+        replies a read asks for (acknowledgements, credit) share a write with what the
+        other side's read sends this way."""
+        if self.out and not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_later)
+
+    def _flush_later(self) -> None:
+        self.flush_scheduled = False
+        self.flush()
+
     def flush(self) -> None:
         if self.out:
             transport = self.transport
@@ -245,7 +260,7 @@ class H2Connection:
                 data = self._read_preface(data)
                 if not data:
                     return
-            self.reader.feed(data, self._frame, self._block, self._stream_fault)
+            self.reader.feed(data)
         except ConnectionFault as fault:
             self.fail(fault.code, fault.reason)
 
@@ -273,16 +288,14 @@ class H2Connection:
         self.out.append(goaway(last, code, reason.encode("utf-8", "replace")[:256]))
         self.events.on_failed(self, code, reason)
 
-    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes, length: int) -> None:
+    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if not self.settings_seen:
             if ftype != SETTINGS or flags & ACK:
                 raise ConnectionFault(PROTOCOL_ERROR, "the first frame must be SETTINGS")
             self.settings_seen = True
             if not self.reader.block_open:
                 self._disarm_timer()
-        if ftype == DATA:
-            self._data(sid, flags, payload, length)
-        elif ftype == WINDOW_UPDATE:
+        if ftype == WINDOW_UPDATE:
             self._window_update(sid, payload)
         elif ftype == SETTINGS:
             if not flags & ACK:
@@ -306,6 +319,8 @@ class H2Connection:
         return sid >= self.next_stream_id
 
     def _data(self, sid: int, flags: int, data: bytes, length: int) -> None:
+        if not self.settings_seen:
+            raise ConnectionFault(PROTOCOL_ERROR, "the first frame must be SETTINGS")
         self.recv_window -= length
         if self.recv_window < 0:
             raise ConnectionFault(FLOW_CONTROL_ERROR, "DATA beyond the connection window")
@@ -340,6 +355,8 @@ class H2Connection:
             self._forget(end)
 
     def _block(self, sid: int, flags: int, block: bytes) -> None:
+        if not self.settings_seen:
+            raise ConnectionFault(PROTOCOL_ERROR, "the first frame must be SETTINGS")
         try:
             headers = hpackcodec.decode(self.decoder, block)
         except hpackcodec.TooLarge:
@@ -348,9 +365,8 @@ class H2Connection:
             ) from None
         except hpackcodec.DecodeError as exc:
             raise ConnectionFault(_COMPRESSION_ERROR, f"HPACK: {exc}") from None
-        finally:
-            if self.settings_seen:
-                self._disarm_timer()
+        if self.timer is not None:
+            self._disarm_timer()
         if flags & SELF_DEPENDENT:
             raise StreamFault(sid, PROTOCOL_ERROR, "stream depends on itself")
         ended = bool(flags & END_STREAM)
@@ -394,13 +410,14 @@ class H2Connection:
             return
         if len(self.streams) >= self.limits.max_concurrent_streams:
             raise StreamFault(sid, REFUSED_STREAM, "over SETTINGS_MAX_CONCURRENT_STREAMS")
-        problem, length = hpackcodec.check_request(headers)
-        if ended and length > 0 and not problem:
+        problem, head = hpackcodec.check_request(headers)
+        if head is not None and ended and head.content_length > 0:
             problem = "content-length without DATA"
-        if problem:
+        if problem or head is None:
             raise StreamFault(sid, PROTOCOL_ERROR, f"malformed request: {problem}")
         end = StreamEnd(sid, self.peer_initial_window, self.limits.stream_window)
-        end.content_length = length
+        end.content_length = head.content_length
+        end.head = head
         end.headers_received = True
         end.remote_closed = ended
         self.streams[sid] = end
@@ -542,7 +559,13 @@ class H2Connection:
         self, end: StreamEnd, headers: list[Header], end_stream: bool, reset_after: bool = False
     ) -> None:
         """HEADERS (and CONTINUATION), after any DATA still queued on the stream."""
-        block = header_frames(end.id, hpackcodec.encode(headers), end_stream)
+        self.send_block(end, hpackcodec.encode(headers), end_stream, reset_after)
+
+    def send_block(
+        self, end: StreamEnd, encoded: bytes, end_stream: bool, reset_after: bool = False
+    ) -> None:
+        """An encoded header block, as :meth:`send_headers` sends it."""
+        block = header_frames(end.id, encoded, end_stream)
         if end.pending:
             end.pending.append((_FRAMES_ITEM, block, end_stream))
             end.reset_after = reset_after
@@ -583,6 +606,12 @@ class H2Connection:
     def drop_pending(self, end: StreamEnd) -> None:
         self._drop(end)
 
+    def unprocessed(self, end: StreamEnd) -> None:
+        """Client side: the peer's GOAWAY says it never processed ``end``; it is closed
+        without a frame (RFC 9113 §6.8)."""
+        if self.streams.pop(end.id, None) is not None:
+            self._drop(end)
+
     def _drop(self, end: StreamEnd) -> None:
         """Output queued on ``end`` will not be sent; it counts as gone, for the owner's
         credit to the side it came from."""
@@ -597,8 +626,13 @@ class H2Connection:
         """``size`` bytes received on ``end`` have moved on: let the peer send as many more.
 
         ``end`` None credits the connection only."""
-        self._consumed(size)
-        if end is not None:
+        unacked = self.recv_unacked + size
+        if unacked >= self.connection_threshold:
+            self.out.append(window_update(0, unacked))
+            self.recv_window += unacked
+            unacked = 0
+        self.recv_unacked = unacked
+        if end is not None and not end.remote_closed:
             self.credit_stream(end, size)
 
     def credit_stream(self, end: StreamEnd, size: int) -> None:
@@ -611,11 +645,7 @@ class H2Connection:
             end.recv_unacked = 0
 
     def _consumed(self, size: int) -> None:
-        self.recv_unacked += size
-        if self.recv_unacked >= self.connection_threshold:
-            self.out.append(window_update(0, self.recv_unacked))
-            self.recv_window += self.recv_unacked
-            self.recv_unacked = 0
+        self.credit(None, size)
 
     def send_goaway(self, code: int = NO_ERROR) -> None:
         """Graceful: streams opened so far go on; later ones are refused (server side)."""

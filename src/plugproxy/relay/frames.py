@@ -8,6 +8,7 @@ connection state live in :mod:`plugproxy.relay.connection`.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable
 
@@ -67,17 +68,20 @@ class StreamFault(Exception):
         self.reason = reason
 
 
+_HEAD = struct.Struct(">BHBBI")  # length (24 bits as 8 + 16), type, flags, stream
+
+
 def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     size = len(payload)
-    return (
-        bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, ftype, flags))
-        + stream.to_bytes(4, "big")
-        + payload
-    )
+    return _HEAD.pack(size >> 16, size & 0xFFFF, ftype, flags, stream) + payload
 
 
 def header_frames(stream: int, block: bytes, end_stream: bool, max_frame: int = 16_384) -> bytes:
     """HEADERS plus the CONTINUATION frames ``block`` needs."""
+    if len(block) <= max_frame:
+        return frame(
+            HEADERS, (END_STREAM | END_HEADERS) if end_stream else END_HEADERS, stream, block
+        )
     first, rest = block[:max_frame], block[max_frame:]
     flags = (END_STREAM if end_stream else 0) | (0 if rest else END_HEADERS)
     out = [frame(HEADERS, flags, stream, first)]
@@ -118,8 +122,10 @@ def settings_values(payload: bytes) -> list[tuple[int, int]]:
     ]
 
 
-# (type, flags, stream, payload, flow-controlled length): the length counts padding too.
-FrameHandler = Callable[[int, int, int, bytes, int], None]
+# (stream, flags, data, flow-controlled length): the length counts padding too.
+DataHandler = Callable[[int, int, bytes, int], None]
+# (type, flags, stream, payload) of the frames other than DATA, HEADERS and CONTINUATION
+FrameHandler = Callable[[int, int, int, bytes], None]
 # (stream, flags of the HEADERS frame, whole header block)
 BlockHandler = Callable[[int, int, bytes], None]
 FaultHandler = Callable[[StreamFault], None]
@@ -145,8 +151,8 @@ _STREAM_ZERO = {
 class FrameReader:
     """Splits one peer's bytes into frames, checks the frame-level rules, joins header blocks.
 
-    Raises :class:`ConnectionFault` or :class:`StreamFault`; after a ConnectionFault the
-    reader must not be fed again.
+    Raises :class:`ConnectionFault`; after one, the reader must not be fed again. A
+    :class:`StreamFault` goes to ``on_fault`` and reading goes on.
     """
 
     __slots__ = (
@@ -157,58 +163,83 @@ class FrameReader:
         "buffer",
         "limits",
         "max_frame",
+        "on_block",
+        "on_data",
+        "on_fault",
+        "on_frame",
     )
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        on_data: DataHandler,
+        on_frame: FrameHandler,
+        on_block: BlockHandler,
+        on_fault: FaultHandler,
+    ) -> None:
         self.limits = limits
         self.max_frame = limits.max_frame_size
-        self.buffer = bytearray()
+        self.on_data, self.on_frame, self.on_block, self.on_fault = (
+            on_data,
+            on_frame,
+            on_block,
+            on_fault,
+        )
+        self.buffer = bytearray()  # the start of a frame whose end has not arrived
         self.block: bytearray | None = None  # a header block awaiting CONTINUATION
         self.block_stream = 0
         self.block_flags = 0
         self.block_started = 0.0
 
-    def feed(
-        self, data: bytes, on_frame: FrameHandler, on_block: BlockHandler, on_fault: FaultHandler
-    ) -> None:
+    def feed(self, data: bytes) -> None:
         buf = self.buffer
         if buf:
             buf += data
-        else:
-            buf = self.buffer = bytearray(data)
-        pos, size = 0, len(buf)
-        view = memoryview(buf)  # one copy per payload; released before the buffer shrinks
+            size = len(buf)
+            if size < 9:
+                return
+            length = (buf[0] << 16) | (buf[1] << 8) | buf[2]
+            if size < 9 + length and length <= self.max_frame:
+                return  # kept growing in place: a frame arriving in pieces costs no copies
+            data = bytes(buf)
+            buf.clear()
+        pos, size = 0, len(data)
+        max_frame = self.max_frame
         try:
             while size - pos >= 9:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-                ftype, flags = buf[pos + 3], buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                if length > self.max_frame:
+                length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+                if length > max_frame:
                     raise ConnectionFault(
-                        FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds {self.max_frame}"
+                        FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds {max_frame}"
                     )
                 end = pos + 9 + length
                 if end > size:
                     break
-                payload = bytes(view[pos + 9 : end])
+                ftype, flags = data[pos + 3], data[pos + 4]
+                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                payload = data[pos + 9 : end]
                 pos = end
                 try:
-                    self._frame(ftype, flags, sid, payload, on_frame, on_block)
+                    # The common frames take the short way; the rest are checked in _frame.
+                    if ftype == DATA and sid and not flags & PADDED and self.block is None:
+                        self.on_data(sid, flags, payload, length)
+                    elif (
+                        ftype == HEADERS
+                        and sid
+                        and flags & _HEADERS_SHAPE == END_HEADERS
+                        and self.block is None
+                    ):
+                        self.on_block(sid, flags, payload)
+                    else:
+                        self._frame(ftype, flags, sid, payload)
                 except StreamFault as fault:
-                    on_fault(fault)
+                    self.on_fault(fault)
         finally:
-            view.release()
-            del buf[:pos]
+            if pos < size:
+                buf += data[pos:]
 
-    def _frame(
-        self,
-        ftype: int,
-        flags: int,
-        sid: int,
-        payload: bytes,
-        on_frame: FrameHandler,
-        on_block: BlockHandler,
-    ) -> None:
+    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
+        on_frame, on_block = self.on_frame, self.on_block
         if self.block is not None and (ftype != CONTINUATION or sid != self.block_stream):
             raise ConnectionFault(
                 PROTOCOL_ERROR,
@@ -222,7 +253,7 @@ class FrameReader:
             length = len(payload)
             if flags & PADDED:
                 payload = _unpad(payload)
-            on_frame(DATA, flags, sid, payload, length)
+            self.on_data(sid, flags, payload, length)
         elif ftype == HEADERS:
             fragment = _unpad(payload) if flags & PADDED else payload
             if flags & PRIORITY_FLAG:
@@ -254,7 +285,7 @@ class FrameReader:
                 raise StreamFault(sid, FRAME_SIZE_ERROR, "PRIORITY frame not 5 bytes")
             if u32(payload) & 0x7FFFFFFF == sid:
                 raise StreamFault(sid, PROTOCOL_ERROR, "stream depends on itself")
-            on_frame(PRIORITY, flags, sid, payload, 0)
+            on_frame(PRIORITY, flags, sid, payload)
         elif ftype in _FIXED:
             expected = _FIXED[ftype]
             if ftype == SETTINGS:
@@ -262,7 +293,7 @@ class FrameReader:
                     raise ConnectionFault(FRAME_SIZE_ERROR, "SETTINGS of wrong length")
             elif len(payload) != expected and not (ftype == GOAWAY and len(payload) > 8):
                 raise ConnectionFault(FRAME_SIZE_ERROR, f"{frame_name(ftype)} of wrong length")
-            on_frame(ftype, flags, sid, payload, 0)
+            on_frame(ftype, flags, sid, payload)
         elif ftype == PUSH_PROMISE:
             raise ConnectionFault(PROTOCOL_ERROR, "PUSH_PROMISE (push is disabled)")
         # Unknown frame types are ignored (RFC 9113 §5.5).
@@ -279,6 +310,7 @@ class FrameReader:
         return self.block is not None
 
 
+_HEADERS_SHAPE = END_HEADERS | PADDED | PRIORITY_FLAG  # a block whole, no padding or priority
 _FIXED = {RST_STREAM: 4, SETTINGS: 0, PING: 8, GOAWAY: 8, WINDOW_UPDATE: 4}
 
 

@@ -119,6 +119,11 @@ class Messages:
         """Bytes kept of a message not yet whole (its prefix included)."""
         return len(self.head) + (self.got + 5 if self.need >= 0 and self.collect else 0)
 
+    @property
+    def incomplete(self) -> bool:
+        """A message has begun and not ended (its prefix or body is cut)."""
+        return self.need >= 0 or bool(self.head)
+
     def feed(self, data: bytes) -> list[tuple[bool, bytes]]:
         out: list[tuple[bool, bytes]] = []
         pos, size = 0, len(data)

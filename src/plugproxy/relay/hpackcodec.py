@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import cast
+from typing import NamedTuple, cast
 from urllib.parse import quote, unquote
 
 import hpack
@@ -62,12 +62,29 @@ def encode(headers: Iterable[Header]) -> bytes:
     """A header block of literals without indexing; order and duplicates are kept."""
     parts: list[bytes] = []
     append = parts.append
+    prefixes = _name_prefix
     for name, value in headers:
-        append(_name_bytes(name))
+        append(prefixes.get(name) or _name_bytes(name))
         size = len(value)
         append(bytes((size,)) if size < 0x7F else _integer(size, 7, 0x00))
         append(value)
     return b"".join(parts)
+
+
+_encoded: dict[tuple[Header, ...], bytes] = {}
+_ENCODED_LIMIT = 256
+
+
+def encode_repeated(headers: list[Header]) -> bytes:
+    """:func:`encode` for header lists that recur (a plugin's response headers and trailers):
+    a lookup once seen."""
+    key = tuple(headers)
+    block = _encoded.get(key)
+    if block is None:
+        block = encode(headers)
+        if len(_encoded) < _ENCODED_LIMIT:
+            _encoded[key] = block
+    return block
 
 
 def new_decoder(max_header_list_size: int = 65_536) -> hpack.Decoder:
@@ -88,6 +105,8 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
     """
     if block and min(block) > 0x80 and 0xFF not in block:
         entry = decoder.header_table.get_by_index
+        if len(block) * _MAX_ENTRY <= decoder.max_header_list_size:
+            return [entry(byte & 0x7F) for byte in block]  # too few fields to be too large
         out = []
         budget = decoder.max_header_list_size
         for byte in block:
@@ -101,6 +120,8 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
     return cast("list[Header]", decoder.decode(block, raw=True))
 
 
+# No table entry is larger than the table (4,096 bytes: we never raise HEADER_TABLE_SIZE).
+_MAX_ENTRY = 4_096
 DecodeError = hpack.HPACKError
 TooLarge = hpack.OversizedHeaderListError
 
@@ -113,7 +134,7 @@ CONNECTION_SPECIFIC = frozenset(
 REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 # A name may hold visible ASCII but no uppercase letter and no colon (§8.2.1).
 _BAD_NAME = re.compile(rb"[^\x21-\x39\x3b-\x40\x5b-\x7e]")
-_NAMES_CHECKED_LIMIT = 512
+_NAMES_CHECKED_LIMIT = 512  # a CO inventing names must not grow memory
 _good_names: set[bytes] = set()
 
 
@@ -129,62 +150,109 @@ def _name_problem(name: bytes) -> str:
     return ""
 
 
-def _value_problem(name: bytes, value: bytes) -> str:
-    if b"\n" in value or b"\r" in value or b"\x00" in value:
-        return f"field {name[:64]!r} has a CR, LF or NUL in its value"
-    return ""
+class RequestHead(NamedTuple):
+    """What the relay reads from a request's headers, found while checking them."""
+
+    method: bytes
+    path: bytes
+    content_type: bytes
+    grpc_timeout: bytes  # b"" when none
+    content_length: int  # -1 when none
 
 
-def check_request(headers: Iterable[Header]) -> tuple[str, int]:
-    """Why a request's header block is malformed (§8.3.1), or "" when it is not; and the
-    content-length it declares (-1 when none)."""
+_BAD_VALUE = re.compile(rb"[\r\n\x00]")
+
+
+def _value_problem(headers: Iterable[Header]) -> str:
+    """A value holding CR, LF or NUL (§8.2.1); one search over the block's values."""
+    if not _BAD_VALUE.search(b"\x01".join([value for _, value in headers])):
+        return ""
+    name = next(name for name, value in headers if _BAD_VALUE.search(value))
+    return f"field {name[:64]!r} has a CR, LF or NUL in its value"
+
+
+def check_request(headers: list[Header]) -> tuple[str, RequestHead | None]:
+    """Why a request's header block is malformed (§8.3.1), or "" and what it says."""
+    good = _good_names
     pseudo: set[bytes] = set()
     regular = False
-    method = b""
+    method = path = content_type = grpc_timeout = b""
     length = -1
+    problem = _value_problem(headers)
+    if problem:
+        return problem, None
     for name, value in headers:
-        if name[:1] == b":":
-            if regular:
-                return f"pseudo-header {name.decode('latin-1')} after a regular field", length
-            if name not in REQUEST_PSEUDO:
-                return f"pseudo-header {name[:64].decode('latin-1')} not allowed here", length
-            if name in pseudo:
-                return f"pseudo-header {name.decode()} repeated", length
-            pseudo.add(name)
-            if name == b":method":
-                method = value
-            elif name == b":path" and not value:
-                return "empty :path", length
-        else:
-            regular = True
+        if name not in good:
+            if name[:1] == b":":
+                if regular:
+                    return f"pseudo-header {name[:64].decode('latin-1')} after a field", None
+                if name not in REQUEST_PSEUDO:
+                    return f"pseudo-header {name[:64].decode('latin-1')} not allowed", None
+                if name in pseudo:
+                    return f"pseudo-header {name.decode()} repeated", None
+                pseudo.add(name)
+                if name == b":method":
+                    method = value
+                elif name == b":path":
+                    if not value:
+                        return "empty :path", None
+                    path = value
+                continue
             problem = _name_problem(name)
             if problem:
-                return problem, length
-            if name == b"te" and value != b"trailers":
-                return "te other than trailers", length
-            if name == b"content-length":
-                if not value.isdigit() or (length >= 0 and int(value) != length):
-                    return "invalid content-length", length
-                length = int(value)
-        problem = _value_problem(name, value)
-        if problem:
-            return problem, length
+                return problem, None
+        regular = True
+        if name == b"content-type":
+            content_type = value
+        elif name == b"grpc-timeout":
+            grpc_timeout = value
+        elif name == b"te":
+            if value != b"trailers":
+                return "te other than trailers", None
+        elif name == b"content-length":
+            if not value.isdigit() or (length >= 0 and int(value) != length):
+                return "invalid content-length", None
+            length = int(value)
     if method == b"CONNECT":
         if b":scheme" in pseudo or b":path" in pseudo or b":authority" not in pseudo:
-            return "CONNECT needs :authority and no :scheme or :path", length
-        return "", length
-    for required in (b":method", b":scheme", b":path"):
-        if required not in pseudo:
-            return f"{required.decode()} missing", length
-    return "", length
+            return "CONNECT needs :authority and no :scheme or :path", None
+    else:
+        for required in (b":method", b":scheme", b":path"):
+            if required not in pseudo:
+                return f"{required.decode()} missing", None
+        if not method:
+            return "empty :method", None
+    return "", RequestHead(method, path, content_type, grpc_timeout, length)
 
 
-def response_problem(headers: Iterable[Header], trailers: bool) -> str:
+_CHECKED_LIMIT = 512
+# Header lists found well formed, as response headers (False) or trailers (True). A plugin
+# sends the same few again and again ("grpc-status: 0"), so most checks are one lookup.
+_well_formed: dict[tuple[bool, tuple[Header, ...]], None] = {}
+
+
+def response_problem(headers: list[Header], trailers: bool) -> str:
     """Why response headers or any trailers are malformed (§8.1, §8.3.2), or "" if not."""
+    key = (trailers, tuple(headers))
+    if key in _well_formed:
+        return ""
+    problem = _response_problem(headers, trailers)
+    if not problem and len(_well_formed) < _CHECKED_LIMIT:
+        _well_formed[key] = None
+    return problem
+
+
+def _response_problem(headers: list[Header], trailers: bool) -> str:
+    good = _good_names
     status = False
     regular = False
+    problem = _value_problem(headers)
+    if problem:
+        return problem
     for name, value in headers:
-        if name[:1] == b":":
+        if name in good:
+            regular = True
+        elif name[:1] == b":":
             if trailers or regular or name != b":status" or status:
                 return f"pseudo-header {name[:64].decode('latin-1')} out of place"
             if len(value) != 3 or not value.isdigit():
@@ -195,9 +263,6 @@ def response_problem(headers: Iterable[Header], trailers: bool) -> str:
             problem = _name_problem(name)
             if problem:
                 return problem
-        problem = _value_problem(name, value)
-        if problem:
-            return problem
     if not trailers and not status:
         return ":status missing"
     return ""

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from plugproxy.relay.framerelay import FrameRelay, Route
 
 NOT_GRPC = object()  # owner of a CO stream that is not a gRPC call (answered by the proxy)
+STREAM_IDS_END = 2**31 - 1  # stream ids are 31 bits (RFC 9113 §5.1.1)
 
 
 class Stream:
@@ -206,14 +207,21 @@ class Pairing(asyncio.Protocol):
         for side in self._plugins():
             side.h2.close()
 
-    def flush(self) -> None:
+    def flush(self, later: H2Connection | None = None) -> None:
+        """Write what every connection has queued; ``later``'s (the connection just read)
+        once the loop's other callbacks have run."""
         if self.opening:
             opening, self.opening = self.opening, []
             for stream in opening:
                 if not stream.finished:
                     self._open_or_wait(stream)
         self.co.flush()
-        for side in self._plugins():
+        if self.plugin is not None:
+            if self.plugin.h2 is later:
+                later.flush_soon()
+            else:
+                self.plugin.h2.flush()
+        for side in self.old_plugins:
             side.h2.flush()
 
     # -- connection events (both sides) -------------------------------------------------
@@ -297,6 +305,7 @@ class Pairing(asyncio.Protocol):
             unprocessed = stream.plugin is side and up is not None and up.id > last_stream
             if unprocessed and not stream.response_headers_seen and not stream.finished:
                 # Never processed by the plugin: refused, which gRPC clients retry.
+                side.h2.unprocessed(up)  # type: ignore[arg-type]
                 self.co.reset(stream.co, frames.REFUSED_STREAM)
                 self._ended(
                     stream,
@@ -439,18 +448,11 @@ class Pairing(asyncio.Protocol):
 
     def _request(self, end: StreamEnd, headers: list[Header], ended: bool) -> None:
         relay = self.relay
-        path = content_type = method = b""
-        timeout: float | None = None
-        for name, value in headers:
-            if name == b":path":
-                path = value
-            elif name == b"grpc-timeout":
-                timeout = grpcwire.parse_timeout(value)
-            elif name == b"content-type":
-                content_type = value
-            elif name == b":method":
-                method = value
-        if method != b"POST" or not grpcwire.is_grpc(content_type):
+        head = end.head
+        assert head is not None
+        timeout = grpcwire.parse_timeout(head.grpc_timeout) if head.grpc_timeout else None
+        path = head.path
+        if head.method != b"POST" or not grpcwire.is_grpc(head.content_type):
             end.owner = NOT_GRPC
             if ended:
                 self._answer_not_grpc(end, headers)
@@ -544,6 +546,12 @@ class Pairing(asyncio.Protocol):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"plugproxy: request message of {exc.size} bytes exceeds --max-message-bytes "
                 f"({self.relay.max_message_bytes})",
+            )
+            return
+        if ended and requests.incomplete:
+            # As gRPC servers do; the plugin never gets the cut message as a whole one.
+            self._answer(
+                stream, grpc.StatusCode.INTERNAL, "plugproxy: the request ended inside a message"
             )
             return
         if not requests.collect:
@@ -699,9 +707,16 @@ class Pairing(asyncio.Protocol):
 
     def _open_or_wait(self, stream: Stream) -> None:
         plugin = self.plugin
-        if plugin is not None and plugin.h2.can_open():
-            self._open(stream, plugin)
-            return
+        if plugin is not None:
+            if plugin.h2.can_open():
+                self._open(stream, plugin)
+                return
+            if plugin.h2.next_stream_id >= STREAM_IDS_END:  # ids used up: a new connection
+                plugin.draining = True
+                self.plugin = None
+                self.old_plugins.add(plugin)
+                self._retire(plugin)
+                plugin = None
         now = time.monotonic()
         stream.wait_until = now + self.relay.plugin_wait
         if stream.deadline is not None:
@@ -808,7 +823,12 @@ class Pairing(asyncio.Protocol):
     def _plugin_headers(self, stream: Stream, headers: list[Header], ended: bool) -> None:
         if stream.finished:
             return  # late: the CO already has its status
-        self.co.send_headers(stream.co, headers, ended, reset_after=ended and not stream.co_ended)
+        self.co.send_block(
+            stream.co,
+            hpackcodec.encode_repeated(headers),
+            ended,
+            reset_after=ended and not stream.co_ended,
+        )
         call = stream.call
         first = not stream.response_headers_seen
         stream.response_headers_seen = True
