@@ -71,7 +71,7 @@ from plugproxy.relay.frames import (
     window_update,
 )
 from plugproxy.relay.limits import DEFAULT_WINDOW, MAX_WINDOW
-from tests.support import ECHO, channel, start_proxy, start_recorder
+from tests.support import ECHO, channel, start_proxy, start_recorder, wait_until
 
 TIMEOUT = 5.0  # every read waits at most this long
 UNARY = ECHO + "Unary"
@@ -1225,10 +1225,7 @@ async def test_plugin_goaway_before_answering_refuses_the_call_to_the_co(behind)
         # The connection that went away is closed once nothing runs on it (not kept open
         # for as long as the CO stays).
         first = plugin.relay_conns()[0]
-        deadline = time.monotonic() + TIMEOUT
-        while not first.eof and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert first.eof
+        await wait_until(lambda: first.eof, TIMEOUT)
     assert again.body == message(b"echo:y")
     assert len(plugin.relay_conns()) == 2
 
