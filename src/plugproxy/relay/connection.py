@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from plugproxy.relay import hpackcodec
@@ -78,6 +77,7 @@ from plugproxy.relay.limits import (
 )
 
 _DATA_ITEM, _FRAMES_ITEM = 0, 1
+GOAWAY_GRACE = 1.0  # seconds a peer has to read our GOAWAY after a connection error (as Go)
 
 
 class StreamEnd:
@@ -162,7 +162,6 @@ class H2Connection:
         self.decoder = hpackcodec.new_decoder(limits.max_header_list_size)
         self.transport: asyncio.Transport | None = None
         self.out: list[bytes] = []
-        self.flush_scheduled = False
         self.writable = True  # the transport's buffer is under its high-water mark
         self.queued_control = 0  # replies queued while not writable
         self.preface_pending = server  # a server first reads the client's preface
@@ -216,18 +215,6 @@ class H2Connection:
         self._arm_timer(limits.header_block_seconds)
         self.flush()
 
-    def flush_soon(self) -> None:
-        """Write what is queued once the loop has run this round's other callbacks, so the
-        replies a read asks for (acknowledgements, credit) share a write with what the
-        other side's read sends this way."""
-        if self.out and not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_later)
-
-    def _flush_later(self) -> None:
-        self.flush_scheduled = False
-        self.flush()
-
     def flush(self) -> None:
         if self.out:
             transport = self.transport
@@ -243,12 +230,27 @@ class H2Connection:
             self.flush()
 
     def close(self) -> None:
+        """Write what is queued and close. After a connection error the peer gets a moment
+        to read our GOAWAY, then the connection is cut whether it read it or not (a peer
+        that never reads must not keep a descriptor and our unread replies)."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self.flush()
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if self.failed:
+                grace = 0.0 if not self.writable else GOAWAY_GRACE
+                asyncio.get_running_loop().call_later(grace, transport.abort)
+        # What the streams held goes now, not when the garbage collector finds the cycles.
+        for end in self.streams.values():
+            end.pending.clear()
+            end.owner = None
+        self.streams.clear()
+        self.blocked.clear()
+        self.reader.buffer.clear()
+        self.reader.block = None
 
     # -- receiving ----------------------------------------------------------------------
 
@@ -328,16 +330,16 @@ class H2Connection:
         if end is None:
             if self._idle(sid):
                 raise ConnectionFault(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
-            self._consumed(length)
+            self.credit(None, length)
             if sid in self.reset_ids:
                 return
             raise StreamFault(sid, STREAM_CLOSED, "DATA on a closed stream")
         end.recv_window -= length
         if end.recv_window < 0:
-            self._consumed(length)
+            self.credit(None, length)
             raise StreamFault(sid, FLOW_CONTROL_ERROR, "DATA beyond the stream window")
         if end.remote_closed:
-            self._consumed(length)
+            self.credit(None, length)
             raise StreamFault(sid, STREAM_CLOSED, "DATA after END_STREAM")
         if not end.headers_received:
             raise StreamFault(sid, PROTOCOL_ERROR, "DATA before the response headers")
@@ -644,9 +646,6 @@ class H2Connection:
             end.recv_window += end.recv_unacked
             end.recv_unacked = 0
 
-    def _consumed(self, size: int) -> None:
-        self.credit(None, size)
-
     def send_goaway(self, code: int = NO_ERROR) -> None:
         """Graceful: streams opened so far go on; later ones are refused (server side)."""
         if not self.goaway_sent and not self.failed:
@@ -708,7 +707,5 @@ class H2Connection:
         if not end.pending:
             self.streams.pop(end.id, None)
 
-
-OnSent = Callable[[H2Connection, StreamEnd, int], None]
 
 __all__ = ["Events", "H2Connection", "StreamEnd", "TokenBucket"]

@@ -115,11 +115,6 @@ class Messages:
         self.count = 0  # whole messages seen
 
     @property
-    def partial(self) -> int:
-        """Bytes kept of a message not yet whole (its prefix included)."""
-        return len(self.head) + (self.got + 5 if self.need >= 0 and self.collect else 0)
-
-    @property
     def incomplete(self) -> bool:
         """A message has begun and not ended (its prefix or body is cut)."""
         return self.need >= 0 or bool(self.head)

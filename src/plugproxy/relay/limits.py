@@ -89,8 +89,9 @@ NOTES: dict[str, tuple[str, str]] = {
         "RFC 9113 §5.1",
     ),
     "collect_budget": (
-        "request bytes one CO connection may have gathered into messages not yet whole "
-        "(held for the stages); past it, only the oldest such stream is credited",
+        "request bytes one CO connection may have gathered for the stages (whole messages "
+        "held or judged) and not yet sent on; past it, only the stream holding bytes "
+        "longest is credited, and the connection window is withheld",
         "plugproxy",
     ),
 }

@@ -130,9 +130,10 @@ class Pairing(asyncio.Protocol):
         self.waiting: deque[Stream] = deque()  # calls waiting for a plugin stream
         self.opening: list[Stream] = []  # calls to open once the current read is done
         self.in_read = False
-        # Request bytes gathered into messages not yet whole, per stream (oldest first).
-        self.collecting: dict[Stream, int] = {}
-        self.collecting_total = 0
+        # Gathered request bytes not yet gone to the plugin (see _gathered).
+        self.holding: dict[Stream, None] = {}  # streams holding some, oldest first
+        self.held_total = 0
+        self.connection_owed = 0
         self.owing: dict[Stream, None] = {}
         # Response and finish hooks of the plugin bytes being read: they only observe, so
         # they run after those bytes are written to the CO (plugin_data), not before.
@@ -207,9 +208,8 @@ class Pairing(asyncio.Protocol):
         for side in self._plugins():
             side.h2.close()
 
-    def flush(self, later: H2Connection | None = None) -> None:
-        """Write what every connection has queued; ``later``'s (the connection just read)
-        once the loop's other callbacks have run."""
+    def flush(self) -> None:
+        """Open the calls this read made ready, then write what every connection queued."""
         if self.opening:
             opening, self.opening = self.opening, []
             for stream in opening:
@@ -217,10 +217,7 @@ class Pairing(asyncio.Protocol):
                     self._open_or_wait(stream)
         self.co.flush()
         if self.plugin is not None:
-            if self.plugin.h2 is later:
-                later.flush_soon()
-            else:
-                self.plugin.h2.flush()
+            self.plugin.h2.flush()
         for side in self.old_plugins:
             side.h2.flush()
 
@@ -276,17 +273,7 @@ class Pairing(asyncio.Protocol):
         if not conn.server:  # request bytes reached the plugin (or were dropped)
             requests = stream.requests
             if requests is not None and requests.collect:
-                # Gathered bytes: the connection was credited on arrival, the stream ahead
-                # of time or now.
-                stream.queued -= size
-                ahead = min(size, stream.credited_ahead)
-                stream.credited_ahead -= ahead
-                size -= ahead
-                if size:
-                    stream.owed -= size
-                    self.co.credit_stream(stream.co, size)
-                if stream.owed:
-                    self._pay_owed(stream)
+                self._gathered_sent(stream, size)
             else:
                 self.co.credit(stream.co, size)
         elif isinstance(stream, Stream) and stream.up is not None and stream.plugin is not None:
@@ -559,11 +546,7 @@ class Pairing(asyncio.Protocol):
                 stream.call.request_count = requests.count
             self._forward(stream, data, ended)  # credited as it reaches the plugin
             return
-        # Gathered for the stages: credited as it arrives, while the stream's backlog and
-        # the connection's unfinished messages stay within bounds.
-        self._track_partial(stream)
-        stream.queued += len(data)
-        self._credit_ahead(stream, len(data))
+        self._gathered(stream, len(data))
         if stream.held is not None:
             stream.held.extend(messages)
             if not stream.started and (stream.held or ended):
@@ -579,51 +562,72 @@ class Pairing(asyncio.Protocol):
         if ended and not messages:
             self._forward(stream, b"", True)
 
-    def _track_partial(self, stream: Stream) -> None:
-        requests = stream.requests
-        assert requests is not None
-        now = requests.partial
-        before = self.collecting.get(stream, 0)
-        if now == before:
-            return
-        self.collecting_total += now - before
-        if now:
-            self.collecting[stream] = now
-        else:
-            del self.collecting[stream]
-            if self.owing:
-                self._pay_all_owed()
+    # Request bytes gathered for the stages (whole messages, held or judged) are credited to
+    # the CO as they arrive, not as they leave: a message larger than the windows must be
+    # able to complete. Two bounds keep that from becoming memory for the taking:
+    # - per stream, credit stops while more than a stream window waits for the plugin;
+    # - per connection, once more than collect_budget is held, only the stream that has
+    #   held bytes longest is credited (so large messages cannot stall one another), and
+    #   the connection window is withheld too, so new streams' initial windows cannot add
+    #   more than one connection window on top.
 
-    def _may_credit(self, stream: Stream) -> bool:
-        if stream.queued - stream.credited_ahead > self.relay.limits.stream_window:
-            return False  # the plugin is not taking what we have
-        if self.collecting_total <= self.relay.limits.collect_budget:
-            return True
-        return next(iter(self.collecting), stream) is stream  # the oldest always progresses
-
-    def _credit_ahead(self, stream: Stream, size: int) -> None:
+    def _gathered(self, stream: Stream, size: int) -> None:
         if not size:
             return
-        # The connection at once: what one stream gathers is bounded by the stream checks.
-        self.co.credit(None, size)
-        if stream.co_ended or self._may_credit(stream):
+        if not stream.queued:
+            self.holding[stream] = None
+        stream.queued += size
+        self.held_total += size
+        within = self._within_budget(stream)
+        if within:
+            self.co.credit(None, size)
+        else:
+            self.connection_owed += size
+        if stream.co_ended:
+            stream.credited_ahead += size  # nothing more can come: no credit needed
+        elif within and self._plugin_keeps_up(stream):
             self.co.credit_stream(stream.co, size)
             stream.credited_ahead += size
         else:
             stream.owed += size
             self.owing[stream] = None
 
-    def _pay_owed(self, stream: Stream) -> None:
-        if stream.owed > 0 and not stream.co_ended and self._may_credit(stream):
-            self.co.credit_stream(stream.co, stream.owed)
-            stream.credited_ahead += stream.owed
-            stream.owed = 0
-        if stream.owed <= 0:
-            self.owing.pop(stream, None)
+    def _gathered_sent(self, stream: Stream, size: int) -> None:
+        """``size`` gathered bytes went to the plugin (or were dropped)."""
+        size = min(size, stream.queued)  # an empty request the proxy made up was never held
+        stream.queued -= size
+        self.held_total -= size
+        if not stream.queued:
+            self.holding.pop(stream, None)
+        ahead = min(size, stream.credited_ahead)
+        stream.credited_ahead -= ahead
+        owed = min(size - ahead, stream.owed)
+        if owed:
+            stream.owed -= owed
+            self.co.credit_stream(stream.co, owed)
+        self._settle()
 
-    def _pay_all_owed(self) -> None:
+    def _within_budget(self, stream: Stream) -> bool:
+        if self.held_total <= self.relay.limits.collect_budget:
+            return True
+        return next(iter(self.holding), stream) is stream  # the oldest always progresses
+
+    def _plugin_keeps_up(self, stream: Stream) -> bool:
+        return stream.queued - stream.credited_ahead <= self.relay.limits.stream_window
+
+    def _settle(self) -> None:
+        """Pay the credit held back, as far as the bounds now allow."""
+        if self.connection_owed and self.held_total <= self.relay.limits.collect_budget:
+            self.co.credit(None, self.connection_owed)
+            self.connection_owed = 0
         for stream in list(self.owing):
-            self._pay_owed(stream)
+            if stream.co_ended or not stream.owed:
+                self.owing.pop(stream, None)
+            elif self._within_budget(stream) and self._plugin_keeps_up(stream):
+                self.co.credit_stream(stream.co, stream.owed)
+                stream.credited_ahead += stream.owed
+                stream.owed = 0
+                self.owing.pop(stream, None)
 
     def _judge_request(self, stream: Stream, compressed: bool, body: bytes) -> bool:
         call, chain = stream.call, stream.route.chain
@@ -890,8 +894,10 @@ class Pairing(asyncio.Protocol):
                 self.co.credit(None, sum(len(data) for data, _ in stream.early))
             stream.early.clear()
         self.streams.pop(stream.co.id, None)
-        if stream in self.collecting:
-            self.collecting_total -= self.collecting.pop(stream)
+        if stream.queued:
+            self.held_total -= stream.queued
+            stream.queued = 0
+            self.holding.pop(stream, None)
         self.owing.pop(stream, None)
         self.relay.call_ended()
         call = stream.call
@@ -908,8 +914,8 @@ class Pairing(asyncio.Protocol):
                 self._retire(side)
             elif self.waiting and side is self.plugin:
                 self._open_waiting()
-        if self.owing:
-            self._pay_all_owed()
+        if self.owing or self.connection_owed:
+            self._settle()
         if self.draining:
             self._close_if_idle()
 
