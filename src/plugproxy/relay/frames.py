@@ -158,6 +158,7 @@ class FrameReader:
     __slots__ = (
         "block",
         "block_flags",
+        "block_frames",
         "block_started",
         "block_stream",
         "buffer",
@@ -189,6 +190,7 @@ class FrameReader:
         self.block: bytearray | None = None  # a header block awaiting CONTINUATION
         self.block_stream = 0
         self.block_flags = 0
+        self.block_frames = 0
         self.block_started = 0.0
 
     def feed(self, data: bytes) -> None:
@@ -268,12 +270,16 @@ class FrameReader:
                 self._check_block_size(len(fragment))
                 self.block = bytearray(fragment)
                 self.block_stream, self.block_flags = sid, flags
+                self.block_frames = 0
                 self.block_started = time.monotonic()
         elif ftype == CONTINUATION:
             block = self.block
             if block is None:
                 raise ConnectionFault(PROTOCOL_ERROR, "CONTINUATION without a header block")
             self._check_block_size(len(block) + len(payload))
+            self.block_frames += 1
+            if self.block_frames > self.limits.max_continuation_frames:
+                raise ConnectionFault(ENHANCE_YOUR_CALM, "too many CONTINUATION frames")
             if time.monotonic() - self.block_started > self.limits.header_block_seconds:
                 raise ConnectionFault(ENHANCE_YOUR_CALM, "header block open for too long")
             block += payload

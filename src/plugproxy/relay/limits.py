@@ -22,6 +22,7 @@ class Limits:
     max_header_list_size: int = 65_536
     max_header_block_bytes: int = 65_536
     header_block_seconds: float = 10.0
+    max_continuation_frames: int = 32
     max_concurrent_streams: int = 1_000
     stream_window: int = 1 << 20
     connection_window: int = 4 << 20
@@ -56,6 +57,11 @@ NOTES: dict[str, tuple[str, str]] = {
     "header_block_seconds": (
         "time a header block may stay open between HEADERS and its last CONTINUATION",
         "RFC 9113 §10.5.1",
+    ),
+    "max_continuation_frames": (
+        "CONTINUATION frames one header block may take (nghttp2 allows 8); empty ones cost "
+        "no bytes, so the byte bound alone would not stop them",
+        "RFC 9113 §10.5, CVE-2024-27316",
     ),
     "max_concurrent_streams": (
         "streams one CO connection may have open (advertised as SETTINGS_MAX_CONCURRENT_"
