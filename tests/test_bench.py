@@ -140,3 +140,10 @@ def test_stagecost_prices_the_stages_it_is_given(capsys: pytest.CaptureFixture[s
     assert all(us > 0 for us in costs.values())
     with pytest.raises(SystemExit):
         asyncio.run(stagecost.main(["warp-drive"]))
+
+
+def test_relaycost_relays_every_call_it_prepares() -> None:
+    relaycost = _load("relaycost")
+    # cost() raises SystemExit when a call did not complete (the harness went stale).
+    per_call = asyncio.run(relaycost.cost(200, 8))
+    assert per_call > 0
