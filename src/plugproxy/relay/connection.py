@@ -21,11 +21,17 @@ from typing import Any, Protocol
 from plugproxy.relay import hpackcodec
 from plugproxy.relay.frames import (
     ACK,
+    COMPRESSION_ERROR,
     DATA,
+    ENABLE_PUSH,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     FLOW_CONTROL_ERROR,
     GOAWAY,
+    INITIAL_WINDOW_SIZE,
+    MAX_CONCURRENT_STREAMS,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_LIST_SIZE,
     NO_ERROR,
     PING,
     PREFACE,
@@ -48,24 +54,6 @@ from plugproxy.relay.frames import (
     settings_values,
     u32,
     window_update,
-)
-from plugproxy.relay.frames import (
-    COMPRESSION_ERROR as _COMPRESSION_ERROR,
-)
-from plugproxy.relay.frames import (
-    ENABLE_PUSH as _ENABLE_PUSH,
-)
-from plugproxy.relay.frames import (
-    INITIAL_WINDOW_SIZE as _INITIAL_WINDOW_SIZE,
-)
-from plugproxy.relay.frames import (
-    MAX_CONCURRENT_STREAMS as _MAX_CONCURRENT_STREAMS,
-)
-from plugproxy.relay.frames import (
-    MAX_FRAME_SIZE as _MAX_FRAME_SIZE,
-)
-from plugproxy.relay.frames import (
-    MAX_HEADER_LIST_SIZE as _MAX_HEADER_LIST_SIZE,
 )
 from plugproxy.relay.hpackcodec import Header
 from plugproxy.relay.limits import (
@@ -178,7 +166,6 @@ class H2Connection:
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = MIN_MAX_FRAME
         self.peer_max_streams = 2**31  # unlimited until it says otherwise
-        self.peer_max_header_list = 2**31
         self.send_window = DEFAULT_WINDOW
         # What we let the peer send, connection-wide.
         self.recv_window = DEFAULT_WINDOW
@@ -198,13 +185,13 @@ class H2Connection:
         self.transport = transport
         limits = self.limits
         values = {
-            _MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-            _INITIAL_WINDOW_SIZE: limits.stream_window,
-            _MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+            MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+            INITIAL_WINDOW_SIZE: limits.stream_window,
+            MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
         }
         if not self.server:
-            values[_ENABLE_PUSH] = 0
-            del values[_MAX_CONCURRENT_STREAMS]  # the plugin opens no streams toward us
+            values[ENABLE_PUSH] = 0
+            del values[MAX_CONCURRENT_STREAMS]  # the plugin opens no streams toward us
         head = [] if self.server else [PREFACE]
         self.out[:0] = [*head, settings_frame(values)]
         growth = limits.connection_window - DEFAULT_WINDOW
@@ -366,7 +353,7 @@ class H2Connection:
                 ENHANCE_YOUR_CALM, f"header list over {self.limits.max_header_list_size} bytes"
             ) from None
         except hpackcodec.DecodeError as exc:
-            raise ConnectionFault(_COMPRESSION_ERROR, f"HPACK: {exc}") from None
+            raise ConnectionFault(COMPRESSION_ERROR, f"HPACK: {exc}") from None
         if self.timer is not None:
             self._disarm_timer()
         if flags & SELF_DEPENDENT:
@@ -411,7 +398,7 @@ class H2Connection:
             self._refuse(sid, REFUSED_STREAM)  # after our GOAWAY: the client retries elsewhere
             return
         if len(self.streams) >= self.limits.max_concurrent_streams:
-            raise StreamFault(sid, REFUSED_STREAM, "over SETTINGS_MAX_CONCURRENT_STREAMS")
+            raise StreamFault(sid, REFUSED_STREAM, "over SETTINGSMAX_CONCURRENT_STREAMS")
         problem, head = hpackcodec.check_request(headers)
         if head is not None and ended and head.content_length > 0:
             problem = "content-length without DATA"
@@ -463,9 +450,9 @@ class H2Connection:
     def _settings(self, payload: bytes) -> None:
         grew = False
         for ident, value in settings_values(payload):
-            if ident == _INITIAL_WINDOW_SIZE:
+            if ident == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise ConnectionFault(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE")
+                    raise ConnectionFault(FLOW_CONTROL_ERROR, "SETTINGSINITIAL_WINDOW_SIZE")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for end in self.streams.values():
@@ -473,18 +460,18 @@ class H2Connection:
                     if end.send_window > MAX_WINDOW:
                         raise ConnectionFault(FLOW_CONTROL_ERROR, "a stream window over 2^31-1")
                 grew = grew or delta > 0
-            elif ident == _MAX_FRAME_SIZE:
+            elif ident == MAX_FRAME_SIZE:
                 if not MIN_MAX_FRAME <= value <= MAX_MAX_FRAME:
-                    raise ConnectionFault(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE")
+                    raise ConnectionFault(PROTOCOL_ERROR, "SETTINGSMAX_FRAME_SIZE")
                 self.peer_max_frame = value
-            elif ident == _ENABLE_PUSH:
+            elif ident == ENABLE_PUSH:
                 if value > 1:
-                    raise ConnectionFault(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH")
-            elif ident == _MAX_CONCURRENT_STREAMS:
+                    raise ConnectionFault(PROTOCOL_ERROR, "SETTINGSENABLE_PUSH")
+            elif ident == MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
-            elif ident == _MAX_HEADER_LIST_SIZE:
-                self.peer_max_header_list = value
-            # HEADER_TABLE_SIZE bounds an encoder's table; ours keeps none. Others: ignored.
+            # HEADER_TABLE_SIZE bounds an encoder's table, and ours keeps none;
+            # MAX_HEADER_LIST_SIZE is advisory (the peer answers what it will not take);
+            # unknown settings are ignored (§6.5.2).
         self._control(SETTINGS_ACK)
         if grew:
             self._pump_all()
