@@ -33,7 +33,7 @@ from plugproxy.fakes import (
 from plugproxy.fakes import cli as fake_cli
 from plugproxy.fakes.csi_model import NODE_ID
 from plugproxy.fakes.knobs import parse_status_code
-from plugproxy.fakes.misbehave import status_details_bytes
+from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
 from plugproxy.fakes.server import FakeRpcHandler
 from plugproxy.fakes.testing import STATUS_DETAILS_KEY, expect_status, running_fake
 from plugproxy.registry import Registry
@@ -153,6 +153,60 @@ async def test_failure_knob(tmp_path: Path) -> None:
         assert codes[:3] == [Code.UNAVAILABLE, Code.UNAVAILABLE, Code.OK]
 
 
+@async_test
+async def test_knobs_for_legitimate_behaviours(tmp_path: Path) -> None:
+    """Knobs that make the fake behave like real plugins do, none of them a breach."""
+    knobs = FakeKnobs(
+        failures={"NodeUnpublishVolume": FailureRule(Code.NOT_FOUND, 1, after_call=True)},
+        hide_capabilities={"GET_VOLUME_STATS"},
+        id_bytes=200,
+        token_bytes=300,
+        status_in_trailer=True,
+        older_csi=True,
+    )
+    async with running_fake("csi.v1", tmp_path, knobs) as (handle, c):
+        caps = await c.call("NodeGetCapabilities")
+        assert len(caps.capabilities) == 5  # GET_VOLUME_STATS left out
+        mount = {"mount": {"volume_mount_group": "2000"}, "access_mode": {"mode": 1}}
+        vols = [
+            (await c.call("CreateVolume", name=f"v{i}", volume_capabilities=[mount])).volume
+            for i in range(2)
+        ]
+        assert all(len(v.volume_id) == 200 for v in vols)
+        page = await c.call("ListVolumes", max_entries=1)
+        assert len(page.next_token) == 300
+        rest = await c.call("ListVolumes", max_entries=1, starting_token=page.next_token)
+        assert [e.volume.volume_id for e in rest.entries] == [vols[1].volume_id]
+        checked = await c.call(
+            "ValidateVolumeCapabilities", volume_id=vols[0].volume_id, volume_capabilities=[mount]
+        )
+        assert not checked.confirmed.volume_capabilities[0].mount.volume_mount_group
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.call("ControllerGetVolume", volume_id="missing")
+        status = dict(err.value.trailing_metadata() or ())[STATUS_DETAILS_KEY]
+        assert status == status_bytes(Code.NOT_FOUND, err.value.details() or "")
+        # after_call: the publication is undone, then NOT_FOUND is answered
+        vid, target = vols[0].volume_id, str(tmp_path / "target")
+        await c.call(
+            "ControllerPublishVolume", volume_id=vid, node_id=NODE_ID, volume_capability=mount
+        )
+        await c.call(
+            "NodeStageVolume", volume_id=vid, staging_target_path="/s", volume_capability=mount
+        )
+        await c.call(
+            "NodePublishVolume",
+            volume_id=vid,
+            staging_target_path="/s",
+            target_path=target,
+            volume_capability=mount,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await c.call("NodeUnpublishVolume", volume_id=vid, target_path=target)
+        assert gone.value.code() == Code.NOT_FOUND
+        assert not handle.plugin.backend.node_publications(vid)
+        await c.call("NodeUnstageVolume", volume_id=vid, staging_target_path="/s")
+
+
 def test_knob_validation() -> None:
     with pytest.raises(ConfigError, match=r"not a method of csi\.v1"):
         FakeKnobs(delays={"DriverGetInfo": 1}).checked("csi.v1")
@@ -168,6 +222,8 @@ def test_knob_validation() -> None:
         FakeKnobs(misbehave={"create-volume-no-id"}).checked("cosi.v1alpha1")
     with pytest.raises(ConfigError, match="empty"):
         FakeKnobs(plugin_name="").checked("csi.v1")
+    with pytest.raises(ConfigError, match="id_bytes"):
+        FakeKnobs(id_bytes=-1).checked("csi.v1")
     assert parse_status_code("not-found") is Code.NOT_FOUND
     assert parse_status_code("14") is Code.UNAVAILABLE
     for bad in ("0", "17", "OK", "BROKEN"):
@@ -307,7 +363,7 @@ async def test_identity_misbehaviours(tmp_path: Path, spec: str) -> None:
     [
         ("csi.v1", ("ControllerGetVolume", {}), "ListVolumes"),
         ("csi.v0", ("DeleteVolume", {}), "ListVolumes"),
-        ("cosi.v1alpha1", ("DriverDeleteBucket", {}), "DriverGrantBucketAccess"),
+        ("cosi.v1alpha1", ("DriverDeleteBucket", {}), "DriverCreateBucket"),
         ("cmi.v1", ("CreateMachine", {}), "GetMachineStatus"),
     ],
 )

@@ -16,6 +16,7 @@ from plugproxy.rules.engine import (
     compile_table,
     plugin_name_problem,
 )
+from plugproxy.rules.state import SpecState
 
 COMPILED: dict[str, CompiledSpec] = {
     name: compile_table(table, load_spec(name)) for name, table in TABLES.items()
@@ -200,11 +201,9 @@ def test_kubelet_target_path_of_200_bytes_is_not_flagged():
 
 
 def test_strings_over_128_bytes_are_flagged_and_128_is_fine():
-    ok = msg("csi.v1", "DeleteVolumeRequest", volume_id="v" * 128)
+    ok = msg("csi.v1", "Volume", volume_id="v" * 128)
     assert rules_of("csi.v1", ok) == []
-    found = COMPILED["csi.v1"].check_message(
-        msg("csi.v1", "DeleteVolumeRequest", volume_id="v" * 129)
-    )
+    found = COMPILED["csi.v1"].check_message(msg("csi.v1", "Volume", volume_id="v" * 129))
     assert [(v.rule.id, v.field) for v in found] == [("csi.size-limit", "volume_id")]
     assert "129 bytes" in found[0].message and "v" * 10 not in found[0].message
 
@@ -212,7 +211,7 @@ def test_strings_over_128_bytes_are_flagged_and_128_is_fine():
 def test_size_counts_utf8_bytes_not_characters():
     value = "é" * 65  # 65 characters, 130 bytes
     assert ("csi.size-limit", "volume_id") in rules_of(
-        "csi.v1", msg("csi.v1", "DeleteVolumeRequest", volume_id=value)
+        "csi.v1", msg("csi.v1", "Volume", volume_id=value)
     )
 
 
@@ -221,10 +220,10 @@ def test_map_limit_is_4_kib_in_total():
     big = {f"k{i}": "v" * 100 for i in range(41)}
     base = {"volume_id": "v"}
     assert rules_of("csi.v1", msg("csi.v1", "DeleteVolumeRequest", **base)) == []
-    good = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", volume_context=ok, **base)
-    bad = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", volume_context=big, **base)
-    assert ("csi.size-limit", "volume_context") not in rules_of("csi.v1", good)
-    assert ("csi.size-limit", "volume_context") in rules_of("csi.v1", bad)
+    good = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", parameters=ok, **base)
+    bad = msg("csi.v1", "ValidateVolumeCapabilitiesRequest", parameters=big, **base)
+    assert ("csi.size-limit", "parameters") not in rules_of("csi.v1", good)
+    assert ("csi.size-limit", "parameters") in rules_of("csi.v1", bad)
 
 
 def test_node_id_may_take_256_bytes_with_128_recommended():
@@ -265,7 +264,7 @@ def test_csi_v0_paths_are_advisory_only():
 @pytest.mark.parametrize("spec", ["cosi.v1alpha1", "cmi.v1"])
 def test_size_limit_in_cosi_and_cmi(spec):
     name, field = {
-        "cosi.v1alpha1": ("DriverDeleteBucketRequest", "bucket_id"),
+        "cosi.v1alpha1": ("DriverCreateBucketRequest", "name"),
         "cmi.v1": ("DeleteMachineRequest", "MachineName"),
     }[spec]
     extra = {"ProviderSpec": b"x"} if spec == "cmi.v1" else {}
@@ -388,3 +387,204 @@ def test_requests_are_checked_in_full_long_response_lists_by_sample():
     checker(resp, "", out)
     # the last entry is always among the sampled ones
     assert [(v.rule.id, v.field) for v in out] == [("csi.required-field", "entries[1999].volume")]
+
+
+# -- size limits: who made the value (spec-coverage audit FP-1, FP-2, FP-8, FP-9) -------------
+
+
+def oversized(spec: str, ref: tuple[str, str]) -> Any:
+    """A message of ``ref``'s type whose field holds a value over every size limit."""
+    desc = load_spec(spec).descriptor(f"{TABLES[spec].package}.{ref[0]}")
+    fd = desc.fields_by_name[ref[1]]
+    if fd.message_type is not None:  # map<string,string>
+        value: Any = {"k": "v" * 5000}
+    elif fd.is_repeated:
+        value = ["x" * 300]
+    else:
+        value = "x" * 300
+    return msg(spec, ref[0], **{ref[1]: value})
+
+
+def size_findings(spec: str, message: Any, field: str) -> list[str]:
+    return [
+        rule
+        for rule, path in rules_of(spec, message)
+        if rule.endswith("size-limit") and (path == field or path.startswith(field + "["))
+    ]
+
+
+ECHOES = [(spec, echo, maker) for spec, t in TABLES.items() for echo, maker in t.echoes.items()]
+
+
+@pytest.mark.parametrize(
+    ("spec", "echo", "maker"), ECHOES, ids=[f"{s}-{e[0]}.{e[1]}" for s, e, _ in ECHOES]
+)
+def test_a_plugin_made_value_is_judged_where_made_not_where_passed_back(spec, echo, maker):
+    family = TABLES[spec].family
+    # The plugin returning it over the limit is its violation ...
+    assert size_findings(spec, oversized(spec, maker), maker[1]) == [f"{family}.size-limit"]
+    # ... the CO passing the same value back is not the CO's.
+    assert size_findings(spec, oversized(spec, echo), echo[1]) == []
+
+
+def test_echoes_cover_the_ids_tokens_and_contexts_the_co_passes_back():
+    v1 = TABLES["csi.v1"].echoes
+    for ref in (
+        ("DeleteVolumeRequest", "volume_id"),
+        ("ListVolumesRequest", "starting_token"),
+        ("ListSnapshotsRequest", "starting_token"),
+        ("DeleteSnapshotRequest", "snapshot_id"),
+        ("DeleteVolumeGroupSnapshotRequest", "group_snapshot_id"),
+        ("ControllerPublishVolumeRequest", "node_id"),
+        ("NodePublishVolumeRequest", "volume_context"),
+        ("NodeStageVolumeRequest", "publish_context"),
+    ):
+        assert ref in v1, ref
+    assert ("DeleteMachineRequest", "ProviderID") in TABLES["cmi.v1"].echoes
+    assert ("DriverDeleteBucketRequest", "bucket_id") in TABLES["cosi.v1alpha1"].echoes
+
+
+def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_not():
+    cap = [{"mount": {}, "access_mode": {"mode": 1}}]
+    req = msg("csi.v1", "CreateVolumeRequest", name="n" * 129, volume_capabilities=cap)
+    assert ("csi.size-limit", "name") in rules_of("csi.v1", req)
+    big = {f"k{i}": "v" * 100 for i in range(41)}
+    publish = msg(
+        "csi.v1",
+        "NodePublishVolumeRequest",
+        volume_id="v" * 200,  # the plugin's
+        target_path="/t",
+        volume_capability=cap[0],
+        secrets=big,  # the CO's
+        volume_context=big,  # the plugin's, passed back
+    )
+    assert rules_of("csi.v1", publish) == [("csi.size-limit", "secrets")]
+    cmi = msg(
+        "cmi.v1",
+        "DeleteMachineRequest",
+        MachineName="m" * 129,  # the client's
+        ProviderID="p" * 190,  # the plugin's, passed back
+        ProviderSpec=b"x",
+    )
+    assert rules_of("cmi.v1", cmi) == [("cmi.size-limit", "MachineName")]
+    cosi = msg(
+        "cosi.v1alpha1",
+        "DriverRevokeBucketAccessRequest",
+        bucket_id="b" * 200,
+        account_id="a" * 200,
+        revoke_access_context=big,
+    )
+    assert rules_of("cosi.v1alpha1", cosi) == [("cosi.size-limit", "revoke_access_context")]
+
+
+def test_kubelet_volume_context_with_tokens_is_not_judged_at_the_echo():
+    context = {"csi.storage.k8s.io/serviceAccount.tokens": "t" * 4600, "pool": "default"}
+    req = publish_request("/var/lib/kubelet/pods/p/volumes/mount")
+    req.volume_context.update(context)
+    assert rules_of("csi.v1", req) == []
+    made = msg("csi.v1", "Volume", volume_id="v", volume_context=context)
+    assert rules_of("csi.v1", made) == [("csi.size-limit", "volume_context")]
+
+
+@pytest.mark.parametrize(
+    "status", ["ListVolumesResponse.VolumeStatus", "ControllerGetVolumeResponse.VolumeStatus"]
+)
+def test_node_id_allowance_covers_published_node_ids(status):
+    assert rules_of("csi.v1", msg("csi.v1", status, published_node_ids=["n" * 256])) == []
+    over = msg("csi.v1", status, published_node_ids=["n" * 128, "n" * 257])
+    assert rules_of("csi.v1", over) == [("csi.size-limit", "published_node_ids[1]")]
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "fields", "field"),
+    [
+        ("csi.v1", "VolumeCondition", {"abnormal": True}, "message"),
+        ("csi.v1", "ValidateVolumeCapabilitiesResponse", {}, "message"),
+        ("csi.v0", "ValidateVolumeCapabilitiesResponse", {"supported": False}, "message"),
+        ("csi.v0", "SnapshotStatus", {"type": 3}, "details"),
+    ],
+)
+def test_human_readable_messages_over_128_bytes_are_advisory(spec, name, fields, field):
+    assert rules_of(spec, msg(spec, name, **fields, **{field: "m" * 128})) == []
+    found = COMPILED[spec].check_message(msg(spec, name, **fields, **{field: "m" * 149}))
+    assert [(v.rule.id, v.rule.level, v.field) for v in found] == [
+        ("csi.size-limit-recommended", "SHOULD", field)
+    ]
+
+
+def test_cmi_machine_list_is_judged_per_provider_id_not_in_total():
+    listing = {f"azure:///subscriptions/s/vm-{i:05d}": f"shoot--worker-{i:05d}" for i in range(300)}
+    resp = msg("cmi.v1", "ListMachinesResponse", MachineList=listing)
+    assert sum(len(k) + len(v) for k, v in listing.items()) > 4096
+    assert rules_of("cmi.v1", resp) == []
+    listing["p" * 190] = "m"
+    found = rules_of("cmi.v1", msg("cmi.v1", "ListMachinesResponse", MachineList=listing))
+    assert [(rule, path.split("[")[0]) for rule, path in found] == [
+        ("cmi.size-limit", "MachineList")
+    ]
+    assert found[0][1].startswith("MachineList[key ")
+    # the names came from the client: not the plugin's to answer for
+    names = msg("cmi.v1", "ListMachinesResponse", MachineList={"p": "m" * 300})
+    assert rules_of("cmi.v1", names) == []
+    ids = msg("cmi.v1", "GetVolumeIDsResponse", VolumeIDs=["v" * 300])
+    assert rules_of("cmi.v1", ids) == []
+
+
+# -- ValidateVolumeCapabilities: field by field (FP-6) ----------------------------------------
+
+
+def validate_findings(requested: list[dict], confirmed: list[dict]) -> list[str]:
+    from plugproxy.rules.csi_v1 import _checks
+
+    req = msg(
+        "csi.v1", "ValidateVolumeCapabilitiesRequest", volume_id="v", volume_capabilities=requested
+    )
+    resp = msg(
+        "csi.v1",
+        "ValidateVolumeCapabilitiesResponse",
+        confirmed={"volume_capabilities": confirmed},
+    )
+    st = SpecState()
+    return [v.rule.id for v in _checks.validate_response(COMPILED["csi.v1"], st, None, req, resp)]
+
+
+MOUNT_GROUP = {
+    "mount": {"fs_type": "ext4", "volume_mount_group": "2000"},
+    "access_mode": {"mode": 1},
+}
+
+
+@pytest.mark.parametrize(
+    "confirmed",
+    [
+        {"mount": {"fs_type": "xfs"}, "access_mode": {"mode": 1}},  # another value
+        {"block": {}, "access_mode": {"mode": 1}},  # another access type
+        {"mount": {"fs_type": "ext4"}, "access_mode": {"mode": 5}},  # another mode
+        {"mount": {"mount_flags": ["ro"]}, "access_mode": {"mode": 1}},  # a flag not asked for
+    ],
+)
+def test_confirmed_capabilities_are_compared_field_by_field(confirmed):
+    # An older plugin confirms without the newer fields it does not know: tolerated.
+    older = {"mount": {"fs_type": "ext4"}, "access_mode": {"mode": 1}}
+    assert validate_findings([MOUNT_GROUP], [older]) == []
+    assert validate_findings([MOUNT_GROUP], [MOUNT_GROUP]) == []
+    # What a confirmed capability does set must be what was asked for.
+    assert validate_findings([MOUNT_GROUP], [confirmed]) == ["csi.validate-confirmed-mismatch"]
+
+
+# -- lifecycle state: bounded and forgetting (FP-4, FP-7) ------------------------------------
+
+
+def test_lifecycle_state_expires_and_is_bounded():
+    now = [0.0]
+    st = SpecState(max_volumes=2, lifecycle_ttl=60.0, clock=lambda: now[0])
+    st.volume("a").published.add("/t")
+    now[0] = 30.0
+    st.touch("a")  # in use: kept for another TTL
+    now[0] = 80.0
+    assert st.peek("a") is not None
+    now[0] = 200.0
+    assert st.peek("a") is None  # nobody touched it: forgotten, i.e. unknown
+    for vid in ("b", "c", "d"):
+        st.volume(vid)
+    assert len(st.volumes) == 2

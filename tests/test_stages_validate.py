@@ -84,7 +84,8 @@ async def test_audit_passes_the_call_and_logs_without_values(recorder):
     plugin, upstream, listen = recorder
     proxy = await start_proxy(listen, upstream)  # audit is the default
     out = capture_log(proxy)
-    bad = csi("DeleteVolumeRequest", volume_id="v" * 129, secrets={"bad key": "hunter2"})
+    secrets = {"bad key": "hunter2", "k": "v" * 5000}
+    bad = csi("DeleteVolumeRequest", volume_id="v" * 129, secrets=secrets)
     try:
         got, err = await unary(listen, DELETE, bad.SerializeToString(), (("csi.requestid", "77"),))
     finally:
@@ -96,7 +97,7 @@ async def test_audit_passes_the_call_and_logs_without_values(recorder):
     assert set(violations) == {"csi.size-limit", "csi.secret-key-format"}
     line = violations["csi.size-limit"]
     assert line["rule_level"] == "MUST" and line["party"] == "co"
-    assert line["method"] == DELETE and line["field"] == "volume_id"
+    assert line["method"] == DELETE and line["field"] == "secrets"  # not the plugin's volume_id
     assert line["section"] == "CSI v1.12 §Size Limits"
     assert line["request_id"] == "77"
     assert "hunter2" not in out.getvalue() and "v" * 129 not in out.getvalue()
@@ -315,7 +316,9 @@ def controller_caps(*names: str) -> bytes:
     return resp.SerializeToString()
 
 
-async def test_proxy_asks_for_capabilities_once_and_enforces_them(recorder):
+async def test_proxy_asks_for_capabilities_once_and_reports_without_rejecting(recorder):
+    """Calling an RPC the plugin did not advertise is advisory: the plugin's own
+    UNIMPLEMENTED is the answer, never a FAILED_PRECONDITION from the proxy (FP-12)."""
     plugin, upstream, listen = recorder
     plugin.raw[CONTROLLER_CAPS] = lambda req: controller_caps("CREATE_DELETE_VOLUME")
     plugin.raw[SNAPSHOT] = lambda req: b""
@@ -324,13 +327,19 @@ async def test_proxy_asks_for_capabilities_once_and_enforces_them(recorder):
     try:
         _, err1 = await unary(listen, SNAPSHOT, req)
         _, err2 = await unary(listen, SNAPSHOT, req)
+        report = [e for e in stage_of(proxy).report.snapshot() if e["party"] == "co"]
     finally:
         await proxy.stop(0)
-    for err in (err1, err2):
-        assert err is not None and err.code() is grpc.StatusCode.FAILED_PRECONDITION
-        assert "csi.capability-not-advertised" in err.details()
-        assert "CREATE_DELETE_SNAPSHOT" in err.details()
-    assert [s.method for s in plugin.seen] == [CONTROLLER_CAPS]  # asked once, by the proxy
+    assert err1 is None and err2 is None
+    assert [s.method for s in plugin.seen] == [CONTROLLER_CAPS, SNAPSHOT, SNAPSHOT]  # asked once
+    (entry,) = report
+    assert (entry["rule"], entry["level"], entry["party"], entry["count"]) == (
+        "csi.capability-not-advertised",
+        "SHOULD",
+        "co",
+        2,
+    )
+    assert "CREATE_DELETE_SNAPSHOT" in entry["last_message"]
 
 
 async def test_capability_query_failure_fails_open(recorder):
@@ -371,13 +380,14 @@ async def test_capabilities_seen_on_the_wire_are_used(recorder):
 # -- call order -------------------------------------------------------------------------------
 
 
-async def test_call_order_violations_are_enforced(tmp_path):
+async def test_call_order_enforces_only_the_case_with_a_prescribed_answer(tmp_path):
     async with through_proxy("csi.v1", tmp_path, "--validation", "enforce") as (c, proxy):
         info = await c.call("NodeGetInfo")
         await c.call("NodeGetCapabilities")
         cap = mount_cap(c)
         vid = (await c.call("CreateVolume", name="p", volume_capabilities=[cap])).volume.volume_id
-        # NodePublish of a volume known not to be staged, with STAGE_UNSTAGE advertised
+        # NodePublish of a volume known not to be staged, with STAGE_UNSTAGE advertised:
+        # §NodePublishVolume prescribes FAILED_PRECONDITION, which enforce gives.
         with pytest.raises(grpc.aio.AioRpcError) as exc:
             await c.call(
                 "NodePublishVolume",
@@ -387,7 +397,7 @@ async def test_call_order_violations_are_enforced(tmp_path):
                 volume_capability=cap,
             )
         assert exc.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-        assert "csi.call-order" in exc.value.details()
+        assert exc.value.details().startswith("plugproxy: csi.call-order")
         await c.call(
             "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
         )
@@ -401,6 +411,7 @@ async def test_call_order_violations_are_enforced(tmp_path):
             target_path="/t",
             volume_capability=cap,
         )
+        # Out of order, with no answer prescribed: reported, and the plugin answers itself.
         for rpc, fields in (
             ("NodeUnstageVolume", {"staging_target_path": "/s"}),
             ("ControllerUnpublishVolume", {"node_id": info.node_id}),
@@ -409,16 +420,48 @@ async def test_call_order_violations_are_enforced(tmp_path):
             with pytest.raises(grpc.aio.AioRpcError) as exc:
                 await c.call(rpc, volume_id=vid, **fields)
             assert exc.value.code() is grpc.StatusCode.FAILED_PRECONDITION, rpc
-            assert "csi.call-order" in exc.value.details()
-        # in order, everything passes
+            assert not exc.value.details().startswith("plugproxy:"), rpc  # the plugin's answer
+        found = {
+            (e["rule"], e["level"], e["party"], e["method"].rsplit("/", 1)[-1]): e["count"]
+            for e in stage_of(proxy).report.snapshot()
+            if e["party"] == "co"
+        }
+        assert found == {
+            ("csi.call-order", "MUST", "co", "NodePublishVolume"): 1,
+            ("csi.call-order", "MUST", "co", "NodeUnstageVolume"): 1,
+            ("csi.call-order", "MUST", "co", "ControllerUnpublishVolume"): 1,
+            ("csi.delete-while-published", "SHOULD", "co", "DeleteVolume"): 1,
+        }
+        # in order, everything passes and nothing more is reported
         await c.call("NodeUnpublishVolume", volume_id=vid, target_path="/t")
         await c.call("NodeUnstageVolume", volume_id=vid, staging_target_path="/s")
         await c.call("ControllerUnpublishVolume", volume_id=vid, node_id=info.node_id)
         await c.call("DeleteVolume", volume_id=vid)
-        rules = {(e["rule"], e["party"], e["count"]) for e in stage_of(proxy).report.snapshot()}
-        assert rules == {("csi.call-order", "co", 1)} | {("csi.call-order", "co", 1)} or all(
-            r[0] == "csi.call-order" for r in rules
+        after = sum(e["count"] for e in stage_of(proxy).report.snapshot() if e["party"] == "co")
+        assert after == 4
+
+
+async def test_delete_of_a_volume_seen_published_is_judged_on_the_plugins_answer(tmp_path):
+    """FP-4/X-3: the proxy saw the volume published; another replica unpublished it. The
+    plugin deletes it (OK): nothing to report; had it refused, the advisory names the CO."""
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce") as (c, proxy):
+        info = await c.call("NodeGetInfo")
+        cap = mount_cap(c)
+        vid = (await c.call("CreateVolume", name="p", volume_capabilities=[cap])).volume.volume_id
+        await c.call(
+            "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
         )
+        state = stage_of(proxy)._plans[DELETE].state  # the proxy's memory: "published"
+        assert state.peek(vid) is not None and state.peek(vid).controller_nodes
+        # the unpublish went through another replica, straight to the storage system
+        direct = SpecClient(f"unix://{tmp_path}/plugin.sock", "csi.v1")
+        try:
+            await direct.call("ControllerUnpublishVolume", volume_id=vid, node_id=info.node_id)
+        finally:
+            await direct.close()
+        await c.call("DeleteVolume", volume_id=vid)
+        assert stage_of(proxy).report.snapshot() == []
+        assert state.peek(vid) is None  # deleted: forgotten
 
 
 async def test_history_the_proxy_never_saw_is_not_a_violation(tmp_path):
@@ -504,3 +547,180 @@ async def test_a_large_page_is_judged_on_a_sample_naming_real_entries(recorder):
     }
     assert found["csi.list-max-entries", "entries"]["message"].startswith("10000 entries")
     assert str(late) in found["csi.required-field", f"entries[{late}].volume"]["message"]
+
+
+# -- spec-coverage audit §5 and §6: each changed family, planted and legitimate ---------------
+
+
+def co_and_plugin(proxy) -> set[tuple[str, str, str, str]]:
+    return {
+        (e["rule"], e["level"], e["party"], e["method"].rsplit("/", 1)[-1])
+        for e in stage_of(proxy).report.snapshot()
+    }
+
+
+def test_status_details_are_counted_in_the_decoded_status():
+    from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
+
+    code = grpc.StatusCode.NOT_FOUND
+    assert validate.status_details_count(status_bytes(code, "volume gone")) == 0
+    assert validate.status_details_count(b"") == 0
+    assert validate.status_details_count(status_details_bytes(code, "x")) == 1
+    assert validate.status_details_count(b"\xff\xff\xff") is None  # not a message
+    assert validate.status_details_count(b"\x1a\x05ab") is None  # cut short
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        (FakeKnobs(status_in_trailer=True), set()),  # a Status with zero details (FP-5)
+        (
+            FakeKnobs(misbehave={"error-with-details"}),
+            {("csi.status-details-nonempty", "MUST", "plugin", "ControllerGetVolume")},
+        ),
+    ],
+)
+async def test_status_details_nonempty_judges_the_details_not_the_trailer(
+    knobs, expected, tmp_path
+):
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (c, proxy):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.call("ControllerGetVolume", volume_id="vol-missing")
+        assert exc.value.code() is grpc.StatusCode.NOT_FOUND
+        assert "grpc-status-details-bin" in dict(exc.value.trailing_metadata() or ())
+        assert co_and_plugin(proxy) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        # what a gRPC library answers for a message over its limit: a transport code
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, set()),
+        (
+            grpc.StatusCode.NOT_FOUND,
+            {("csi.error-code-unexpected", "SHOULD", "plugin", "ListVolumes")},
+        ),
+    ],
+)
+async def test_resource_exhausted_is_a_transport_code(code, expected, tmp_path):
+    knobs = FakeKnobs(failures={"ListVolumes": FailureRule(code)})
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (c, proxy):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await c.call("ListVolumes")
+        assert co_and_plugin(proxy) == expected
+
+
+async def test_cosi_rpcs_other_than_create_bucket_are_should_implement(tmp_path):
+    """FP-11/X-8: only DriverCreateBucket (and Identity) MUST be implemented."""
+    unimplemented = FailureRule(grpc.StatusCode.UNIMPLEMENTED)
+    knobs = FakeKnobs(
+        failures={"DriverGrantBucketAccess": unimplemented, "DriverCreateBucket": unimplemented}
+    )
+    async with through_proxy("cosi.v1alpha1", tmp_path, knobs=knobs) as (c, proxy):
+        for rpc, fields in (
+            ("DriverGrantBucketAccess", {"bucket_id": "b", "name": "a", "authentication_type": 1}),
+            ("DriverCreateBucket", {"name": "bucket-1"}),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await c.call(rpc, **fields)
+        assert co_and_plugin(proxy) == {
+            ("cosi.unimplemented-recommended", "SHOULD", "plugin", "DriverGrantBucketAccess"),
+            ("cosi.unimplemented-advertised", "MUST", "plugin", "DriverCreateBucket"),
+        }
+
+
+async def test_accessibility_requirements_without_the_capability_is_a_must(tmp_path):
+    """The field "SHALL NOT be specified" without the capability: enforced with the
+    §Error Scheme answer for a field the plugin does not allow, INVALID_ARGUMENT."""
+    knobs = FakeKnobs(hide_capabilities={"VOLUME_ACCESSIBILITY_CONSTRAINTS"})
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce", knobs=knobs) as (
+        c,
+        proxy,
+    ):
+        cap = mount_cap(c)
+        topology = {"requisite": [{"segments": {"topology.fake.plugproxy.io/zone": "zone-a"}}]}
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.call(
+                "CreateVolume",
+                name="p",
+                volume_capabilities=[cap],
+                accessibility_requirements=topology,
+            )
+        assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.details().startswith(
+            "plugproxy: csi.topology-requirement-without-capability"
+        )
+        await c.call("CreateVolume", name="p", volume_capabilities=[cap])  # without it: fine
+        # (the fake still answers with accessible_topology: the plugin's own breach)
+        assert {f for f in co_and_plugin(proxy) if f[2] == "co"} == {
+            ("csi.topology-requirement-without-capability", "MUST", "co", "CreateVolume")
+        }
+
+
+async def test_unadvertised_rpcs_and_sources_are_advisory_and_reach_the_plugin(tmp_path):
+    """FP-12, X-1, X-2, FP-3: calling an RPC or asking for a content source the plugin did
+    not advertise is reported as a SHOULD and passes in enforce mode; NodeGetVolumeStats
+    is served with GET_VOLUME_STATS or VOLUME_CONDITION."""
+    knobs = FakeKnobs(hide_capabilities={"CLONE_VOLUME", "GET_VOLUME_STATS", "VOLUME_CONDITION"})
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce", knobs=knobs) as (
+        c,
+        proxy,
+    ):
+        info = await c.call("NodeGetInfo")
+        cap = mount_cap(c)
+        vol = (await c.call("CreateVolume", name="p", volume_capabilities=[cap])).volume
+        clone = await c.call(
+            "CreateVolume",
+            name="q",
+            volume_capabilities=[cap],
+            volume_content_source={"volume": {"volume_id": vol.volume_id}},
+        )
+        assert clone.volume.volume_id
+        await c.call(
+            "ControllerPublishVolume",
+            volume_id=vol.volume_id,
+            node_id=info.node_id,
+            volume_capability=cap,
+        )
+        await c.call(
+            "NodeStageVolume",
+            volume_id=vol.volume_id,
+            staging_target_path="/s",
+            volume_capability=cap,
+        )
+        await c.call("NodeGetVolumeStats", volume_id=vol.volume_id, volume_path="/s")
+        assert co_and_plugin(proxy) == {
+            ("csi.capability-not-advertised", "SHOULD", "co", "CreateVolume"),
+            ("csi.capability-not-advertised", "SHOULD", "co", "NodeGetVolumeStats"),
+        }
+        # VOLUME_CONDITION alone is enough for NodeGetVolumeStats: nothing more reported
+        stage = stage_of(proxy)
+        stage._plans["/csi.v1.Node/NodeGetVolumeStats"].state.set_capabilities(
+            "node", frozenset({"STAGE_UNSTAGE_VOLUME", "VOLUME_CONDITION"})
+        )
+        await c.call("NodeGetVolumeStats", volume_id=vol.volume_id, volume_path="/s")
+        counts = {e["method"].rsplit("/", 1)[-1]: e["count"] for e in stage.report.snapshot()}
+        assert counts["NodeGetVolumeStats"] == 1
+
+
+async def test_cmi_capabilities_follow_the_proto_numbers_and_say_so(tmp_path):
+    """FP-10: the spec text numbers SHUTDOWN_MACHINE and LIST_MACHINES the other way round
+    than the proto; plugproxy follows the wire (the proto) and its messages say so."""
+    knobs = FakeKnobs(hide_capabilities={"SHUTDOWN_MACHINE"})
+    async with through_proxy("cmi.v1", tmp_path, "--validation", "enforce", knobs=knobs) as (
+        c,
+        proxy,
+    ):
+        caps = await c.call("GetPluginCapabilities")
+        assert 4 in {cap.rpc.type for cap in caps.capabilities}  # LIST_MACHINES on the wire
+        spec = b'{"vmPool": "p", "size": "small", "tags": {}}'
+        await c.call("ListMachines", ProviderSpec=spec)  # advertised as 4: nothing to say
+        await c.call("ShutDownMachine", MachineName="m", ProviderSpec=spec)  # passes
+        (entry,) = stage_of(proxy).report.snapshot()
+    assert (entry["rule"], entry["level"], entry["method"]) == (
+        "cmi.capability-not-advertised",
+        "SHOULD",
+        "/cmi.v1.Machine/ShutDownMachine",
+    )
+    assert "SHUTDOWN_MACHINE" in entry["last_message"]
+    assert "proto" in entry["last_message"] and "swaps" in entry["last_message"]

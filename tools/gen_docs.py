@@ -217,12 +217,25 @@ def _rules_module() -> ModuleType | None:
     return importlib.import_module("plugproxy.rules")
 
 
+def _enforced_as(rule: Any) -> str:
+    """The status enforce answers a request breaking ``rule`` with, or "—" (reported only)."""
+    parties = getattr(rule, "parties", None) or (getattr(rule, "party", ""),)
+    code = getattr(rule, "reject_code", None)
+    if rule.level != "MUST" or "co" not in parties or not code:
+        return "—"
+    return f"`{code}`"
+
+
 def _rule_row(rule: Any) -> str:
     parties = getattr(rule, "parties", None) or (getattr(rule, "party", ""),)
     section = str(rule.section).replace("{rpc}", "*RPC*")
+    checks = str(getattr(rule, "summary", ""))
+    note = str(getattr(rule, "note", ""))
+    if note:
+        checks += f" *Note:* {note}"
     return (
         f"| `{rule.id}` | {rule.level} | {', '.join(parties)} | {_cell(section)} | "
-        f"{_cell(str(getattr(rule, 'summary', '')))} |"
+        f"{_enforced_as(rule)} | {_cell(checks)} |"
     )
 
 
@@ -234,7 +247,9 @@ def render_rule_catalogue() -> str:
     tables = getattr(rules_pkg, "TABLES", {})
     lines: list[str] = [
         "Generated from the rule tables. *RPC* in a section stands for the section of the"
-        " RPC the call was made to, e.g. §CreateVolume.",
+        " RPC the call was made to, e.g. §CreateVolume. *Enforced as* is the answer"
+        " `--validation enforce` gives a request breaking the rule (the one its spec"
+        " prescribes); — means the rule is reported, never enforced.",
         "",
     ]
     for spec, table in tables.items():
@@ -244,8 +259,8 @@ def render_rule_catalogue() -> str:
             "",
             f"{len(rules)} rules.",
             "",
-            "| Rule | Level | Judges | Spec section | Checks |",
-            "|---|---|---|---|---|",
+            "| Rule | Level | Judges | Spec section | Enforced as | Checks |",
+            "|---|---|---|---|---|---|",
             *(_rule_row(rule) for rule in rules),
             "",
         ]

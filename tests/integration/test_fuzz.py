@@ -272,7 +272,9 @@ async def stop_target(target: FuzzTarget) -> None:
 # Everything that reads messages: audit/enforce validation, payload logging with redaction,
 # serialization (keys from every message), metrics; tracing needs OTEL_* (set below).
 STAGE_ARGS = ("--log-payloads", "--call-log", "all", "--serialize", "wait")
-REJECT_CODES = {grpc.StatusCode[rule.reject_code] for rule in all_rules().values()}
+REJECT_CODES = {
+    grpc.StatusCode[rule.reject_code] for rule in all_rules().values() if rule.reject_code
+}
 
 
 def check_audit(target: FuzzTarget, case: Case, fuzz_id: str, out: Outcome) -> None:

@@ -115,6 +115,10 @@ async def cosi_bad_delete(c):
     await ignore_errors(c.call("DriverDeleteBucket", bucket_id=""))
 
 
+async def cosi_bad_create(c):
+    await ignore_errors(c.call("DriverCreateBucket", name="bucket-1"))
+
+
 async def cosi_grant(c):
     b = await c.call("DriverCreateBucket", name="bucket-1")
     await ignore_errors(
@@ -248,9 +252,9 @@ CASES = [
     (
         "unimplemented-advertised",
         "cosi.v1alpha1",
-        cosi_grant,
+        cosi_bad_create,
         "cosi.unimplemented-advertised",
-        "DriverGrantBucketAccess",
+        "DriverCreateBucket",
     ),
     ("bucket-id-empty", "cosi.v1alpha1", cosi_create, "cosi.bucket-id-empty", "DriverCreateBucket"),
     (

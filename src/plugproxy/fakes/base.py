@@ -34,13 +34,23 @@ from plugproxy.fakes.misbehave import (
     HookContext,
     Misbehaviour,
     check_misbehaviours,
+    drop_capabilities,
+    status_bytes,
 )
 from plugproxy.registry import SPECS, load_spec
 
 log = logging.getLogger(__name__)
 
+STATUS_KEY = "grpc-status-details-bin"
+
 UnaryHandler = Callable[[DynMessage, ServicerContext], Awaitable[DynMessage]]
 StreamHandler = Callable[[DynMessage, ServicerContext], AsyncIterator[DynMessage]]
+
+
+def _answer_late(late: FakeError | None) -> None:
+    """The call ends with the error an ``after_call`` failure keeps for after the method."""
+    if late is not None:
+        raise late
 
 
 @dataclass
@@ -160,26 +170,38 @@ class FakePlugin:
     def _ctx(self, mb: Misbehaviour, method: MethodInfo) -> HookContext:
         return HookContext(self, method, self._hook_state[mb.name])
 
-    async def _prelude(self, method: MethodInfo, request: DynMessage) -> None:
+    async def _prelude(self, method: MethodInfo, request: DynMessage) -> FakeError | None:
+        """Apply delays, injected failures and request hooks; the error to answer once the
+        method has run (an ``after_call`` failure), if any."""
         delay = self.knobs.delay_for(method.name)
         if delay > 0:
             await asyncio.sleep(delay)
+        late = None
         rule = self.knobs.take_failure(method.name)
         if rule is not None:
             message = rule.message or f"injected {rule.code.name} for {method.name} (test knob)"
-            raise FakeError(rule.code, message)
+            if not rule.after_call:
+                raise FakeError(rule.code, message)
+            late = FakeError(rule.code, message)
         for mb in self._active():
             hook = mb.requests.get(method.name)
             if hook is not None:
                 hook(self._ctx(mb, method), request)
+        return late
 
     def _after(self, method: MethodInfo, request: DynMessage, response: DynMessage) -> None:
+        hidden = self.knobs.hide_capabilities
+        if hidden and method.name.endswith(("GetCapabilities", "GetPluginCapabilities")):
+            drop_capabilities(response, hidden)
         for mb in self._active():
             hook = mb.responses.get(method.name)
             if hook is not None:
                 hook(self._ctx(mb, method), request, response)
 
     def _shape_error(self, method: MethodInfo, err: FakeError) -> FakeError:
+        if self.knobs.status_in_trailer and not any(k == STATUS_KEY for k, _ in err.trailing):
+            status = status_bytes(err.code, err.message)
+            err = FakeError(err.code, err.message, (*err.trailing, (STATUS_KEY, status)))
         try:
             active = self._active()
         except FakeError:
@@ -203,8 +225,9 @@ class FakePlugin:
         record = self._begin(method, request, context)
         code = grpc.StatusCode.UNKNOWN
         try:
-            await self._prelude(method, request)
+            late = await self._prelude(method, request)
             response: Message = await handler(request, context)
+            _answer_late(late)
             self._after(method, request, response)
         except FakeError as err:
             code = err.code
@@ -228,10 +251,11 @@ class FakePlugin:
         record = self._begin(method, request, context)
         code = grpc.StatusCode.UNKNOWN
         try:
-            await self._prelude(method, request)
+            late = await self._prelude(method, request)
             async for response in handler(request, context):
                 self._after(method, request, response)
                 yield response
+            _answer_late(late)
             code = grpc.StatusCode.OK
         except FakeError as err:
             code = err.code

@@ -59,6 +59,7 @@ DEFAULT_METADATA_BATCH = 64
 MAX_STRING = 128  # CSI v1.12 §Size Limits
 VOLUME_CONTEXT = {"fake.plugproxy.io/pool": "default"}
 CBT_PARAMETER = "fake.plugproxy.io/changed-block-tracking"
+CO_CONTEXT_PREFIX = "csi.storage.k8s.io/"  # volume_context keys Kubernetes adds itself
 
 # access mode -> (usable from several nodes, writers: 0 none, 1 one, 2 many)
 MODES: dict[str, tuple[bool, int]] = {
@@ -221,8 +222,12 @@ def _mix(a: int, b: int) -> int:
 class CsiBackend:
     """All controller, node and group-controller state of one fake CSI plugin."""
 
-    def __init__(self, *, multi_writer_modes: bool = True) -> None:
+    def __init__(
+        self, *, multi_writer_modes: bool = True, id_bytes: int = 0, token_bytes: int = 0
+    ) -> None:
         self.multi_writer_modes = multi_writer_modes  # SINGLE_NODE_MULTI_WRITER semantics
+        self.id_bytes = id_bytes  # pad minted ids to this length (0: no padding)
+        self.token_bytes = token_bytes  # pad page tokens to this length (0: no padding)
         self.volumes: dict[str, Volume] = {}
         self.volume_names: dict[str, str] = {}
         self.snapshots: dict[str, Snapshot] = {}
@@ -235,7 +240,8 @@ class CsiBackend:
 
     def _next(self, prefix: str) -> tuple[str, int]:
         self._seq += 1
-        return f"{prefix}-{self._seq:06d}", self._seq
+        pad = max(self.id_bytes - len(prefix) - 7, 0)
+        return f"{prefix}-{'x' * pad}{self._seq:06d}", self._seq
 
     # -- lookups ----------------------------------------------------------------------
 
@@ -258,7 +264,10 @@ class CsiBackend:
         return [p for (vid, _), p in self.node_published.items() if vid == volume_id]
 
     def check_context(self, vol: Volume, given: Mapping[str, str]) -> None:
-        if given and dict(given) != vol.context:
+        # Kubernetes adds its own keys (pod info, service account tokens) on NodePublish;
+        # plugins take them as extra information, not as a different volume context.
+        mine = {k: v for k, v in given.items() if not k.startswith(CO_CONTEXT_PREFIX)}
+        if mine and mine != vol.context:
             raise invalid(f"volume_context does not match the one of volume {vol.id}")
 
     # -- controller: volumes ------------------------------------------------------------
@@ -532,14 +541,18 @@ class CsiBackend:
         if max_entries < 0:
             raise invalid("max_entries must not be negative")
         if token:
-            prefix, _, number = token.partition(":")
+            prefix, _, rest = token.partition(":")
+            number = rest.partition(":")[0]
             if prefix != kind or not number.isdigit() or not 0 < int(number) <= self._seq:
                 raise aborted(f"starting_token {token!r} is not valid; start again without it")
             after = int(number)
             items = [i for i in items if seq(i) > after]
         if max_entries and len(items) > max_entries:
             items = items[:max_entries]
-            return items, f"{kind}:{seq(items[-1])}"
+            token = f"{kind}:{seq(items[-1])}"
+            if len(token) < self.token_bytes:
+                token = f"{token}:{'t' * (self.token_bytes - len(token) - 1)}"
+            return items, token
         return items, ""
 
     def list_volumes(self, max_entries: int, token: str) -> tuple[list[Volume], str]:

@@ -44,7 +44,11 @@ class FakeCsiV0(FakePlugin):
 
     def __init__(self, knobs: FakeKnobs | None = None) -> None:
         super().__init__(knobs)
-        self.backend = CsiBackend(multi_writer_modes=False)
+        self.backend = CsiBackend(
+            multi_writer_modes=False,
+            id_bytes=self.knobs.id_bytes,
+            token_bytes=self.knobs.token_bytes,
+        )
 
     @staticmethod
     def fill_volume(msg: DynMessage, vol: Volume) -> None:

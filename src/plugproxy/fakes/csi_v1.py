@@ -88,7 +88,11 @@ class FakeCsiV1(FakePlugin):
 
     def __init__(self, knobs: FakeKnobs | None = None) -> None:
         super().__init__(knobs)
-        self.backend = CsiBackend(multi_writer_modes=True)
+        self.backend = CsiBackend(
+            multi_writer_modes=True,
+            id_bytes=self.knobs.id_bytes,
+            token_bytes=self.knobs.token_bytes,
+        )
 
     # -- message builders -----------------------------------------------------------------
 
@@ -216,6 +220,10 @@ class FakeCsiV1(FakePlugin):
             return resp
         confirmed = resp.confirmed
         confirmed.volume_capabilities.extend(request.volume_capabilities)
+        if self.knobs.older_csi:  # MountVolume.volume_mount_group came with CSI v1.5
+            for cap in confirmed.volume_capabilities:
+                if cap.HasField("mount"):
+                    cap.mount.ClearField("volume_mount_group")
         confirmed.volume_context.update(request.volume_context)
         confirmed.parameters.update(request.parameters)
         confirmed.mutable_parameters.update(request.mutable_parameters)

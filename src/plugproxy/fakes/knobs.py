@@ -22,11 +22,16 @@ ANY_METHOD = "*"
 
 @dataclass
 class FailureRule:
-    """Answer calls of one method with ``code``; ``remaining`` None means every call."""
+    """Answer calls of one method with ``code``; ``remaining`` None means every call.
+
+    ``after_call``: the method runs first and its effects stay, then the call is answered
+    with ``code`` (e.g. NOT_FOUND from an unpublish whose volume vanished meanwhile).
+    """
 
     code: grpc.StatusCode
     remaining: int | None = None
     message: str = ""
+    after_call: bool = False
 
     def describe(self) -> str:
         times = "every call" if self.remaining is None else f"next {self.remaining} call(s)"
@@ -41,6 +46,19 @@ class FakeKnobs:
     failures: dict[str, FailureRule] = field(default_factory=dict)
     misbehave: set[str] = field(default_factory=set)
     plugin_name: str | None = None
+    # Legitimate behaviours real plugins show (none breaks a spec rule by itself):
+    # capability names left out of every *GetCapabilities answer;
+    hide_capabilities: set[str] = field(default_factory=set)
+    # CSI ids the plugin mints (volumes, snapshots, group snapshots) padded to this length,
+    # and ListVolumes/ListSnapshots next_token padded to this length (read at start);
+    id_bytes: int = 0
+    token_bytes: int = 0
+    # every error carries grpc-status-details-bin: a google.rpc.Status without details, as
+    # grpcio-status' abort_with_status and grpc-java's StatusProto send;
+    status_in_trailer: bool = False
+    # built against a CSI release before v1.5: ValidateVolumeCapabilities confirms the
+    # capabilities without MountVolume.volume_mount_group, a field it does not know.
+    older_csi: bool = False
 
     def checked(self, spec: str) -> FakeKnobs:
         """A validated deep copy with method keys normalised; ConfigError when invalid."""
@@ -60,6 +78,10 @@ class FakeKnobs:
         check_misbehaviours(spec, self.misbehave)
         if self.plugin_name is not None and not self.plugin_name:
             raise ConfigError("plugin name must not be empty")
+        for name in ("id_bytes", "token_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name}: {value!r} is not a whole number >= 0")
         return out
 
     def delay_for(self, method: str) -> float:

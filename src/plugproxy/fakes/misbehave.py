@@ -72,13 +72,14 @@ def _version_field(info: DynMessage) -> str:
     return "vendor_version" if has_descriptor_field(info, "vendor_version") else "version"
 
 
-def _drop_capabilities(response: DynMessage, unwanted: set[str]) -> None:
+def drop_capabilities(response: DynMessage, unwanted: Iterable[str]) -> None:
     """Remove capability entries whose inner type enum is named in ``unwanted``."""
+    names = set(unwanted)
     keep = []
     for cap in response.capabilities:
         kind = cap.WhichOneof("type")
         inner = getattr(cap, kind) if kind else None
-        if inner is not None and enum_name(inner, "type") in unwanted:
+        if inner is not None and enum_name(inner, "type") in names:
             continue
         keep.append(cap)
     del response.capabilities[:]
@@ -89,22 +90,25 @@ def _len_field(number: int, payload: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def status_details_bytes(code: grpc.StatusCode, message: str) -> bytes:
-    """Wire form of a google.rpc.Status carrying one Any(StringValue) detail.
+def status_bytes(code: grpc.StatusCode, message: str, details: Iterable[bytes] = ()) -> bytes:
+    """Wire form of a google.rpc.Status with ``details`` (each a serialized Any).
 
-    Encoded by hand: google.rpc is not among plugproxy's dependencies and the fake only
-    needs a well-formed, non-empty ``grpc-status-details-bin`` value.
+    Encoded by hand: google.rpc is not among plugproxy's dependencies.
     """
+    out = varint(1 << 3) + varint(code.value[0]) + _len_field(2, message.encode())
+    for detail in details:
+        out += _len_field(3, detail)
+    return out
+
+
+def status_details_bytes(code: grpc.StatusCode, message: str) -> bytes:
+    """A google.rpc.Status carrying one Any(StringValue) detail: a non-empty
+    ``grpc-status-details-bin`` value."""
     detail = _len_field(1, b"deliberate status detail from the fake plugin")
     any_msg = _len_field(1, b"type.googleapis.com/google.protobuf.StringValue") + _len_field(
         2, detail
     )
-    return (
-        varint(1 << 3)
-        + varint(code.value[0])
-        + _len_field(2, message.encode())
-        + _len_field(3, any_msg)
-    )
+    return status_bytes(code, message, (any_msg,))
 
 
 # -- hooks ----------------------------------------------------------------------------------
@@ -140,7 +144,7 @@ def _new_id_on_retry(ctx: HookContext, req: DynMessage, resp: DynMessage) -> Non
 
 
 def _hide_topology_capability(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
-    _drop_capabilities(resp, {"VOLUME_ACCESSIBILITY_CONSTRAINTS", "ACCESSIBILITY_CONSTRAINTS"})
+    drop_capabilities(resp, {"VOLUME_ACCESSIBILITY_CONSTRAINTS", "ACCESSIBILITY_CONSTRAINTS"})
 
 
 def _ensure_topology(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
@@ -246,7 +250,7 @@ def _no_node_name(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
 
 
 def _hide_create_machine(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
-    _drop_capabilities(resp, {"CREATE_MACHINE"})
+    drop_capabilities(resp, {"CREATE_MACHINE"})
 
 
 _INFO = ("GetPluginInfo", "DriverGetInfo")
@@ -351,13 +355,12 @@ _ENTRIES = [
     Misbehaviour(
         "unimplemented-advertised",
         ALL,
-        "CSI v1.12 §ListVolumes (MUST implement with LIST_VOLUMES), COSI §Provisioner"
-        " (DriverGrantBucketAccess), CMI §GetMachineStatus (MUST implement with"
-        " GET_MACHINE_STATUS)",
-        "An advertised RPC answers UNIMPLEMENTED: ListVolumes (CSI), DriverGrantBucketAccess"
-        " (COSI), GetMachineStatus (CMI).",
+        "CSI v1.12 §ListVolumes (MUST implement with LIST_VOLUMES), COSI §DriverCreateBucket"
+        " (MUST implement), CMI §GetMachineStatus (MUST implement with GET_MACHINE_STATUS)",
+        "An RPC the plugin must implement answers UNIMPLEMENTED: ListVolumes (CSI),"
+        " DriverCreateBucket (COSI), GetMachineStatus (CMI).",
         requests=dict.fromkeys(
-            ("ListVolumes", "DriverGrantBucketAccess", "GetMachineStatus"), _unimplemented
+            ("ListVolumes", "DriverCreateBucket", "GetMachineStatus"), _unimplemented
         ),
     ),
     Misbehaviour(

@@ -5,6 +5,12 @@ would flag every empty listing (``ListMachinesResponse.MachineList`` and
 ``GetVolumeIDsResponse.VolumeIDs``: a provider with no machines, or PV specs with no
 volumes of the provider, have nothing to list). ``ProviderSpec`` is bytes: empty is missing.
 CMI's error tables list every gRPC code for each Machine RPC, so no code is unexpected.
+
+Capability enum numbers: the spec text's listing of ``Capability.RPC.Type`` swaps two
+values against the spec's own proto (text: SHUTDOWN_MACHINE = 4, LIST_MACHINE = 5; proto:
+LIST_MACHINES = 4, SHUTDOWN_MACHINE = 5). Plugins are built from the proto and the wire
+carries numbers, so the proxy reads them as the proto does; messages naming either value
+say so.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ if TYPE_CHECKING:
 
 TITLE = "CMI v1"
 BOTH = (CO, PLUGIN)
+_NUMBERING = (
+    "Capabilities are read by number as the proto defines them (LIST_MACHINES = 4,"
+    " SHUTDOWN_MACHINE = 5); the spec text's listing swaps the two."
+)
+_SWAPPED = (
+    "read as the proto numbers it; the spec text's listing swaps LIST_MACHINES and SHUTDOWN_MACHINE"
+)
 
 RULES = (
     Rule(
@@ -45,6 +58,9 @@ RULES = (
         BOTH,
         f"{TITLE} §Size Limits",
         "A string exceeds 128 bytes or a map<string,string> 4 KiB.",
+        note="ProviderID is judged where the plugin returns it, not where the client passes"
+        " it back. ListMachines' MachineList is a listing (§ListMachines: return all"
+        " machines), not a 4 KiB attribute map: each ProviderID key is judged as a string.",
     ),
     Rule(
         "cmi.plugin-name-format",
@@ -79,7 +95,7 @@ RULES = (
         MUST,
         (PLUGIN,),
         f"{TITLE} §Error Scheme",
-        "A non-OK status carries status details (grpc-status-details-bin).",
+        "A non-OK status carries a google.rpc.Status with details (grpc-status-details-bin).",
     ),
     Rule(
         "cmi.unimplemented-advertised",
@@ -87,6 +103,7 @@ RULES = (
         (PLUGIN,),
         f"{TITLE} §{{rpc}}",
         "The plugin answers UNIMPLEMENTED for an RPC it must implement or advertised.",
+        note=_NUMBERING,
     ),
     Rule(
         "cmi.error-code-unexpected",
@@ -101,7 +118,8 @@ RULES = (
         (CO,),
         f"{TITLE} §{{rpc}}",
         "The client calls an optional RPC whose capability the plugin did not advertise.",
-        reject_code="FAILED_PRECONDITION",
+        reject_code=None,
+        note=_NUMBERING,
     ),
     Rule(
         "cmi.required-capability-missing",
@@ -153,10 +171,22 @@ TABLE = SpecTable(
     capability_queries={"plugin": "/cmi.v1.Identity/GetPluginCapabilities"},
     capability_responses={"GetPluginCapabilities": "plugin"},
     rpc_gates={
-        "GetMachineStatus": ("plugin", "GET_MACHINE_STATUS"),
-        "ShutDownMachine": ("plugin", "SHUTDOWN_MACHINE"),
-        "ListMachines": ("plugin", "LIST_MACHINES"),
-        "GetVolumeIDs": ("plugin", "GET_VOLUME_IDS"),
+        "GetMachineStatus": ("plugin", ("GET_MACHINE_STATUS",)),
+        "ShutDownMachine": ("plugin", ("SHUTDOWN_MACHINE",)),
+        "ListMachines": ("plugin", ("LIST_MACHINES",)),
+        "GetVolumeIDs": ("plugin", ("GET_VOLUME_IDS",)),
     },
+    capability_notes={"LIST_MACHINES": _SWAPPED, "SHUTDOWN_MACHINE": _SWAPPED},
+    # The client passes back the ProviderID the plugin made (blamed where it was made).
+    echoes={
+        ("DeleteMachineRequest", "ProviderID"): ("CreateMachineResponse", "ProviderID"),
+        ("GetMachineStatusRequest", "ProviderID"): ("CreateMachineResponse", "ProviderID"),
+        ("ShutDownMachineRequest", "ProviderID"): ("CreateMachineResponse", "ProviderID"),
+    },
+    # Volume ids the plugin read from the client's PV specs: made by the volumes' drivers.
+    size_overrides={("GetVolumeIDsResponse", "VolumeIDs"): None},
+    # A listing of every machine (§ListMachines) as map<ProviderID, MachineName>: each
+    # ProviderID is judged as the string the plugin made; MachineName came from the client.
+    map_key_limits={("ListMachinesResponse", "MachineList"): 128},
     response_checks={"GetPluginCapabilities": (_required_capabilities,)},
 )

@@ -45,6 +45,8 @@ RULES = (
         BOTH,
         f"{TITLE} §Size Limits",
         "A string exceeds 128 bytes or a map<string,string> 4 KiB.",
+        note="bucket_id and account_id are judged where the driver returns them, not where"
+        " the COSI system passes them back.",
     ),
     Rule(
         "cosi.plugin-name-format",
@@ -79,14 +81,24 @@ RULES = (
         MUST,
         (PLUGIN,),
         f"{TITLE} §Error Scheme",
-        "A non-OK status carries status details (grpc-status-details-bin).",
+        "A non-OK status carries a google.rpc.Status with details (grpc-status-details-bin).",
     ),
     Rule(
         "cosi.unimplemented-advertised",
         MUST,
         (PLUGIN,),
         f"{TITLE} §{{rpc}}",
-        "The driver answers UNIMPLEMENTED for an RPC every driver must implement.",
+        "The driver answers UNIMPLEMENTED for an RPC every driver must implement"
+        " (DriverGetInfo, DriverCreateBucket).",
+    ),
+    Rule(
+        "cosi.unimplemented-recommended",
+        SHOULD,
+        (PLUGIN,),
+        f"{TITLE} §Bucket Lifecycle",
+        "The driver answers UNIMPLEMENTED for an RPC drivers SHOULD implement (advisory).",
+        note="Only DriverCreateBucket and the REQUIRED Identity RPC must be implemented;"
+        " the spec asks for the other Provisioner RPCs with a SHOULD.",
     ),
     Rule(
         "cosi.error-code-unexpected",
@@ -141,14 +153,27 @@ TABLE = SpecTable(
         {"ABORTED", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED"}
     )
     | TRANSPORT_CODES,
-    required_rpcs=frozenset(
-        {
-            "DriverGetInfo",
-            "DriverCreateBucket",
-            "DriverDeleteBucket",
-            "DriverGrantBucketAccess",
-            "DriverRevokeBucketAccess",
-        }
+    # §DriverCreateBucket: MUST implement; §Connectivity: the REQUIRED Identity RPCs.
+    required_rpcs=frozenset({"DriverGetInfo", "DriverCreateBucket"}),
+    # §Bucket Lifecycle: plugins SHOULD implement all RPCs of the service.
+    recommended_rpcs=frozenset(
+        {"DriverDeleteBucket", "DriverGrantBucketAccess", "DriverRevokeBucketAccess"}
     ),
+    # The COSI system passes back the ids the driver made (blamed where they were made).
+    echoes={
+        ("DriverDeleteBucketRequest", "bucket_id"): ("DriverCreateBucketResponse", "bucket_id"),
+        ("DriverGrantBucketAccessRequest", "bucket_id"): (
+            "DriverCreateBucketResponse",
+            "bucket_id",
+        ),
+        ("DriverRevokeBucketAccessRequest", "bucket_id"): (
+            "DriverCreateBucketResponse",
+            "bucket_id",
+        ),
+        ("DriverRevokeBucketAccessRequest", "account_id"): (
+            "DriverGrantBucketAccessResponse",
+            "account_id",
+        ),
+    },
     response_checks={"DriverCreateBucket": (_bucket_id,)},
 )

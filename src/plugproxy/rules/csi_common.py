@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 BOTH = (CO, PLUGIN)
 
 # Codes gRPC itself produces for any call (deadlines, cancellation, transport trouble,
-# crashes); a plugin returning them is never judged against an RPC's error table.
+# crashes, a message over the receiver's size limit: RESOURCE_EXHAUSTED); a plugin
+# returning them is never judged against an RPC's error table.
 TRANSPORT_CODES = frozenset(
-    {"CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "UNAVAILABLE"}
+    {"CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 )
 
 
@@ -60,6 +61,9 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §Size Limits",
             "A string exceeds 128 bytes or a map<string,string> 4 KiB, unless the field's"
             " own description overrides the limit.",
+            note="The limits apply to messages each party generates: an id, token or context"
+            " the plugin made is judged where the plugin returns it, never where the CO"
+            " passes it back.",
         ),
         Rule(
             "csi.plugin-name-format",
@@ -108,7 +112,7 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             MUST,
             (PLUGIN,),
             f"{title} §Error Scheme",
-            "A non-OK status carries status details (grpc-status-details-bin).",
+            "A non-OK status carries a google.rpc.Status with details (grpc-status-details-bin).",
         ),
         Rule(
             "csi.unimplemented-advertised",
@@ -126,12 +130,23 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
         ),
         Rule(
             "csi.capability-not-advertised",
-            MUST,
+            SHOULD,
             (CO,),
             f"{title} §{{rpc}}",
-            "The CO calls an RPC or sets a field gated by a capability the plugin did not"
-            " advertise.",
-            reject_code="FAILED_PRECONDITION",
+            "The CO calls an RPC, or asks for a content source, gated by a capability the"
+            " plugin did not advertise (advisory).",
+            reject_code=None,
+            note="The spec obliges the plugin to implement an advertised RPC but forbids the"
+            " CO nothing; the plugin's own UNIMPLEMENTED is the answer. A content source"
+            " without its capability is a SHOULD NOT (§CreateVolume errors).",
+        ),
+        Rule(
+            "csi.topology-requirement-without-capability",
+            MUST,
+            (CO,),
+            f"{title} §CreateVolume",
+            "CreateVolume sets accessibility_requirements while the plugin does not advertise"
+            " the accessibility constraints capability.",
         ),
         Rule(
             "csi.capacity-out-of-range",
@@ -174,8 +189,22 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             MUST,
             (CO,),
             f"{title} §Volume Lifecycle",
-            "A call breaks the volume lifecycle as seen by the proxy.",
+            "A node or controller call breaks the order the spec requires, as seen by the proxy.",
             reject_code="FAILED_PRECONDITION",
+            note="Enforced only for NodePublishVolume before NodeStageVolume, the one case"
+            " whose answer the spec prescribes (FAILED_PRECONDITION); the others are reported.",
+        ),
+        Rule(
+            "csi.delete-while-published",
+            SHOULD,
+            (CO,),
+            f"{title} §Volume Lifecycle",
+            "DeleteVolume of a volume the proxy saw published, which the plugin refused as in"
+            " use (advisory).",
+            reject_code=None,
+            note="The lifecycle figures are a general expectation of what a CO MAY do, and"
+            " the plugin answers an in-use volume itself; judged on that answer so that HA"
+            " controllers, whose calls pass through other replicas, are not flagged.",
         ),
         Rule(
             "csi.create-not-idempotent",
@@ -189,8 +218,12 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             SHOULD,
             BOTH,
             f"{title} §{{rpc}}",
-            "A field over the general 128-byte limit where only the limit is RECOMMENDED"
-            " (v1 node_id; v0 paths, advisory).",
+            "A field over a size limit judged as advisory only: v1 node_id over the"
+            " RECOMMENDED 128 bytes, v0 paths, human-readable messages.",
+            reject_code=None,
+            note="Human-readable messages (VolumeCondition.message, ValidateVolumeCapabilities"
+            "Response.message, v0 SnapshotStatus.details) are written for people and real"
+            " plugins exceed 128 bytes.",
         ),
     ]
     if v1:
@@ -201,6 +234,9 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 (PLUGIN,),
                 f"{title} §ValidateVolumeCapabilities",
                 "The confirmed part of ValidateVolumeCapabilities holds what was not requested.",
+                note="Compared field by field: a field the confirmed capability leaves unset"
+                " is tolerated, as an older plugin confirms without newer fields (the NOTE in"
+                " the section leaves reconciling them to the CO).",
             ),
             Rule(
                 "csi.metadata-max-results",
@@ -240,8 +276,30 @@ def _digest(message: Any) -> bytes:
     return hashlib.blake2b(message.SerializeToString(deterministic=True), digest_size=16).digest()
 
 
-def _canon(message: Any) -> bytes:
-    return bytes(message.SerializeToString(deterministic=True))
+def _confirms(confirmed: Any, requested: Any) -> bool:
+    """Whether every field ``confirmed`` sets matches ``requested``; unset ones are tolerated.
+
+    An older plugin confirms a capability without the fields it does not know (CSI v1.12
+    §ValidateVolumeCapabilities, NOTE); what it does set must be what was asked for.
+    """
+    for fd, value in confirmed.ListFields():
+        if fd.message_type is not None and not fd.is_repeated:
+            if not requested.HasField(fd.name) or not _confirms(value, getattr(requested, fd.name)):
+                return False
+        elif fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            wanted_map = getattr(requested, fd.name)
+            if any(k not in wanted_map or wanted_map[k] != v for k, v in value.items()):
+                return False
+        elif fd.is_repeated:
+            wanted = list(getattr(requested, fd.name))
+            if fd.message_type is not None:
+                if not all(any(_confirms(v, w) for w in wanted) for v in value):
+                    return False
+            elif not set(value) <= set(wanted):
+                return False
+        elif getattr(requested, fd.name) != value:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -257,7 +315,6 @@ class CsiChecks:
     def create_volume_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
-        rule = cs.rule("capability-not-advertised")
         plugin = st.known_capabilities("plugin")
         if (
             self.has_topology
@@ -266,7 +323,7 @@ class CsiChecks:
             and self.topology_capability not in plugin
         ):
             yield Violation(
-                rule,
+                cs.rule("topology-requirement-without-capability"),
                 "accessibility_requirements",
                 "accessibility_requirements is set but the plugin does not advertise"
                 f" {self.topology_capability}",
@@ -279,7 +336,7 @@ class CsiChecks:
             )
             if needed is not None and needed not in controller:
                 yield Violation(
-                    rule,
+                    cs.rule("capability-not-advertised"),
                     f"volume_content_source.{kind}",
                     f"volume_content_source.{kind} is set but the controller does not advertise"
                     f" {needed}",
@@ -305,11 +362,13 @@ class CsiChecks:
     ) -> Iterable[Violation]:
         vs = st.peek(req.volume_id)
         if vs is not None and vs.published:
+            # NodeUnstageVolume's error table has no row for this: reported, not enforced.
             yield Violation(
                 cs.rule("call-order"),
                 "volume_id",
                 f"NodeUnstageVolume while {len(vs.published)} publication(s) of the volume"
                 " remain on this node (NodeUnpublishVolume first)",
+                enforceable=False,
             )
 
     def controller_unpublish_request(
@@ -321,18 +380,24 @@ class CsiChecks:
         if req.node_id and req.node_id != st.node_id:
             return
         what = "staged" if vs.staged else "published"
+        # No error row prescribes an answer: reported, not enforced.
         yield Violation(
             cs.rule("call-order"),
             "volume_id",
             f"ControllerUnpublishVolume while the volume is still {what} on the node"
             " (NodeUnpublishVolume and NodeUnstageVolume first)",
+            enforceable=False,
         )
 
-    def delete_volume_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    # -- answers with an error ------------------------------------------------------------
+
+    def delete_volume_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
     ) -> Iterable[Violation]:
+        # Judged on the plugin's answer, not the proxy's memory alone: an HA peer may have
+        # unpublished the volume through another replica, and then the plugin says OK.
         vs = st.peek(req.volume_id)
-        if vs is None:
+        if code != "FAILED_PRECONDITION" or vs is None:
             return
         if vs.controller_nodes:
             where = f"published to {len(vs.controller_nodes)} node(s)"
@@ -341,8 +406,43 @@ class CsiChecks:
         else:
             return
         yield Violation(
-            cs.rule("call-order"), "volume_id", f"DeleteVolume while the volume is {where}"
+            cs.rule("delete-while-published"),
+            "volume_id",
+            f"DeleteVolume while the volume is {where}; the plugin answered it is in use",
+            party=CO,
         )
+
+    def controller_unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # volume or node gone: tabled, nothing stays published
+            self.controller_unpublished(st, call, req, None)
+        return ()
+
+    def node_unstage_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        vs = st.peek(req.volume_id)
+        if code == "NOT_FOUND" and vs is not None:  # the volume is gone: nothing stays staged
+            vs.staged.discard(req.staging_target_path)
+        return ()
+
+    def node_unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # the volume is gone: the publication with it
+            self.unpublished(st, call, req, None)
+        return ()
+
+    def lifecycle_errors(self) -> dict[str, Any]:
+        """Error answers the lifecycle learns from: a tabled NOT_FOUND undoes as surely as
+        success; DeleteVolume's FAILED_PRECONDITION confirms the volume is in use."""
+        return {
+            "DeleteVolume": self.delete_volume_error,
+            "ControllerUnpublishVolume": self.controller_unpublish_error,
+            "NodeUnstageVolume": self.node_unstage_error,
+            "NodeUnpublishVolume": self.node_unpublish_error,
+        }
 
     # -- responses (party plugin) -------------------------------------------------------
 
@@ -456,8 +556,10 @@ class CsiChecks:
             return
         confirmed = resp.confirmed
         rule = cs.rule("validate-confirmed-mismatch")
-        asked = {_canon(c) for c in req.volume_capabilities}
-        extra = sum(1 for c in confirmed.volume_capabilities if _canon(c) not in asked)
+        asked = list(req.volume_capabilities)
+        extra = sum(
+            1 for c in confirmed.volume_capabilities if not any(_confirms(c, r) for r in asked)
+        )
         if extra:
             yield Violation(
                 rule,
@@ -510,6 +612,7 @@ class CsiChecks:
             "NodeUnstageVolume": self.unstaged,
             "NodePublishVolume": self.published,
             "NodeUnpublishVolume": self.unpublished,
+            "NodeGetVolumeStats": self.in_use,
         }
 
     def created(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
@@ -564,3 +667,7 @@ class CsiChecks:
         vs = st.peek(req.volume_id)
         if vs is not None:
             vs.published.discard(req.target_path)
+
+    def in_use(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        # The CO polls stats of the volumes it uses: what the proxy knows of them stays fresh.
+        st.touch(req.volume_id)

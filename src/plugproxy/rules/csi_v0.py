@@ -5,7 +5,9 @@ REQUIRED" plus the other wordings, 40 in all); bool fields are listed and skippe
 ``Snapshot.created_at`` is an int64 timestamp where 0 cannot be a creation time, so it is
 checked as non-zero. CSI v0.3 states no size-limit override; its path fields are judged by
 the advisory ``csi.size-limit-recommended`` only, because the general limit on kubelet paths
-was dropped in CSI v1 (§Size Limits overrides on every path field).
+was dropped in CSI v1 (§Size Limits overrides on every path field). As in csi.v1, values the
+plugin made are judged where it returns them, not where the CO passes them back (ECHOES),
+and human-readable messages are advisory.
 """
 
 from __future__ import annotations
@@ -52,6 +54,45 @@ _PATHS = (
     ("NodeUnpublishVolumeRequest", "target_path"),
 )
 
+_VOLUME_ID = ("Volume", "id")
+_SNAPSHOT_ID = ("Snapshot", "id")
+_CONTEXT = ("Volume", "attributes")
+_PUBLISH_INFO = ("ControllerPublishVolumeResponse", "publish_info")
+_NODE_ID = ("NodeGetInfoResponse", "node_id")
+
+# Request fields where the CO passes back what the plugin made -> where the plugin made it.
+ECHOES: dict[tuple[str, str], tuple[str, str]] = {
+    ("VolumeContentSource.SnapshotSource", "id"): _SNAPSHOT_ID,
+    ("DeleteVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerPublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerPublishVolumeRequest", "node_id"): _NODE_ID,
+    ("ControllerPublishVolumeRequest", "volume_attributes"): _CONTEXT,
+    ("ControllerUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerUnpublishVolumeRequest", "node_id"): _NODE_ID,
+    ("ValidateVolumeCapabilitiesRequest", "volume_id"): _VOLUME_ID,
+    ("ValidateVolumeCapabilitiesRequest", "volume_attributes"): _CONTEXT,
+    ("ListVolumesRequest", "starting_token"): ("ListVolumesResponse", "next_token"),
+    ("CreateSnapshotRequest", "source_volume_id"): _VOLUME_ID,
+    ("DeleteSnapshotRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("ListSnapshotsRequest", "starting_token"): ("ListSnapshotsResponse", "next_token"),
+    ("ListSnapshotsRequest", "source_volume_id"): _VOLUME_ID,
+    ("ListSnapshotsRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("NodeStageVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodeStageVolumeRequest", "publish_info"): _PUBLISH_INFO,
+    ("NodeStageVolumeRequest", "volume_attributes"): _CONTEXT,
+    ("NodeUnstageVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodePublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodePublishVolumeRequest", "publish_info"): _PUBLISH_INFO,
+    ("NodePublishVolumeRequest", "volume_attributes"): _CONTEXT,
+    ("NodeUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
+}
+
+# Human-readable text: advisory only, as in csi.v1.
+_MESSAGES = (
+    ("ValidateVolumeCapabilitiesResponse", "message"),
+    ("SnapshotStatus", "details"),
+)
+
 _SECRETS = (
     ("CreateVolumeRequest", "controller_create_secrets"),
     ("DeleteVolumeRequest", "controller_delete_secrets"),
@@ -89,18 +130,18 @@ ERROR_CODES: dict[str, frozenset[str]] = {
     "NodeUnpublishVolume": _codes("ABORTED", "NOT_FOUND"),
 }
 
-RPC_GATES: dict[str, tuple[str, str]] = {
-    "CreateVolume": ("controller", "CREATE_DELETE_VOLUME"),
-    "DeleteVolume": ("controller", "CREATE_DELETE_VOLUME"),
-    "ControllerPublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
-    "ControllerUnpublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
-    "ListVolumes": ("controller", "LIST_VOLUMES"),
-    "GetCapacity": ("controller", "GET_CAPACITY"),
-    "CreateSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
-    "DeleteSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
-    "ListSnapshots": ("controller", "LIST_SNAPSHOTS"),
-    "NodeStageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
-    "NodeUnstageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
+RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "CreateVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
+    "DeleteVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
+    "ControllerPublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
+    "ControllerUnpublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
+    "ListVolumes": ("controller", ("LIST_VOLUMES",)),
+    "GetCapacity": ("controller", ("GET_CAPACITY",)),
+    "CreateSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
+    "DeleteSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
+    "ListSnapshots": ("controller", ("LIST_SNAPSHOTS",)),
+    "NodeStageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
+    "NodeUnstageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
 }
 
 TABLE = SpecTable(
@@ -111,8 +152,9 @@ TABLE = SpecTable(
     rules=csi_rules(TITLE, v1=False),
     required=REQUIRED,
     required_nonzero=frozenset({("Snapshot", "created_at")}),
-    size_overrides=dict.fromkeys(_PATHS),
-    size_recommended=dict.fromkeys(_PATHS, 128),
+    size_overrides=dict.fromkeys((*_PATHS, *_MESSAGES)),
+    size_recommended=dict.fromkeys((*_PATHS, *_MESSAGES), 128),
+    echoes=ECHOES,
     repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
     plugin_name_fields=(("GetPluginInfoResponse", "name"),),
     secret_maps=_SECRETS,
@@ -145,7 +187,6 @@ TABLE = SpecTable(
         "NodePublishVolume": (_checks.node_publish_request,),
         "NodeUnstageVolume": (_checks.node_unstage_request,),
         "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
-        "DeleteVolume": (_checks.delete_volume_request,),
     },
     response_checks={
         "CreateVolume": (_checks.create_volume_response,),
@@ -156,4 +197,5 @@ TABLE = SpecTable(
         "CreateSnapshot": (_checks.create_snapshot_response,),
     },
     on_success=_checks.lifecycle_transitions(),
+    on_error=_checks.lifecycle_errors(),
 )

@@ -7,6 +7,11 @@ REQUIRED fields: every field the spec's messages mark "This field is REQUIRED" (
 proto3 can see (strings, bytes, maps, repeated, messages, enums, oneofs); the REQUIRED bool
 and number fields are listed for completeness and skipped. Two oneofs are REQUIRED by the
 text around them: VolumeCapability's access type and VolumeContentSource's type.
+
+Size limits (§Size Limits: they apply to the messages each party generates): the per-field
+overrides the spec states (SIZE_OVERRIDES); values the plugin made are judged where it
+returns them and not where the CO passes them back (ECHOES); human-readable messages are
+advisory only (SIZE_RECOMMENDED).
 """
 
 from __future__ import annotations
@@ -85,10 +90,70 @@ SIZE_OVERRIDES: dict[tuple[str, str], int | None] = {
     ("NodeGetVolumeStatsRequest", "staging_target_path"): None,
     ("NodeExpandVolumeRequest", "volume_path"): None,
     ("NodeExpandVolumeRequest", "staging_target_path"): None,
-    # NodeGetInfo's node_id may take 256 bytes; the CO passes that same value back.
+    # NodeGetInfo's node_id may take 256 bytes, and so may the plugin's lists of node ids.
     ("NodeGetInfoResponse", "node_id"): 256,
-    ("ControllerPublishVolumeRequest", "node_id"): 256,
-    ("ControllerUnpublishVolumeRequest", "node_id"): 256,
+    ("ListVolumesResponse.VolumeStatus", "published_node_ids"): 256,
+    ("ControllerGetVolumeResponse.VolumeStatus", "published_node_ids"): 256,
+    # Human-readable text: advisory only (SIZE_RECOMMENDED), real plugins write more.
+    ("VolumeCondition", "message"): None,
+    ("ValidateVolumeCapabilitiesResponse", "message"): None,
+}
+
+SIZE_RECOMMENDED: dict[tuple[str, str], int] = {
+    ("NodeGetInfoResponse", "node_id"): 128,  # "128 byte, is RECOMMENDED" (§NodeGetInfo)
+    ("VolumeCondition", "message"): 128,
+    ("ValidateVolumeCapabilitiesResponse", "message"): 128,
+}
+
+_VOLUME_ID = ("Volume", "volume_id")
+_SNAPSHOT_ID = ("Snapshot", "snapshot_id")
+_GROUP_ID = ("VolumeGroupSnapshot", "group_snapshot_id")
+_NODE_ID = ("NodeGetInfoResponse", "node_id")
+_CONTEXT = ("Volume", "volume_context")
+_PUBLISH_CONTEXT = ("ControllerPublishVolumeResponse", "publish_context")
+
+# Request fields where the CO passes back what the plugin made -> where the plugin made it.
+ECHOES: dict[tuple[str, str], tuple[str, str]] = {
+    ("VolumeContentSource.SnapshotSource", "snapshot_id"): _SNAPSHOT_ID,
+    ("VolumeContentSource.VolumeSource", "volume_id"): _VOLUME_ID,
+    ("DeleteVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerPublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerPublishVolumeRequest", "node_id"): _NODE_ID,
+    ("ControllerPublishVolumeRequest", "volume_context"): _CONTEXT,
+    ("ControllerUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerUnpublishVolumeRequest", "node_id"): _NODE_ID,
+    ("ValidateVolumeCapabilitiesRequest", "volume_id"): _VOLUME_ID,
+    ("ValidateVolumeCapabilitiesRequest", "volume_context"): _CONTEXT,
+    ("ListVolumesRequest", "starting_token"): ("ListVolumesResponse", "next_token"),
+    ("CreateSnapshotRequest", "source_volume_id"): _VOLUME_ID,
+    ("DeleteSnapshotRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("ListSnapshotsRequest", "starting_token"): ("ListSnapshotsResponse", "next_token"),
+    ("ListSnapshotsRequest", "source_volume_id"): _VOLUME_ID,
+    ("ListSnapshotsRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("GetSnapshotRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("ControllerExpandVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerGetVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("ControllerModifyVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("CreateVolumeGroupSnapshotRequest", "source_volume_ids"): _VOLUME_ID,
+    ("DeleteVolumeGroupSnapshotRequest", "group_snapshot_id"): _GROUP_ID,
+    ("DeleteVolumeGroupSnapshotRequest", "snapshot_ids"): _SNAPSHOT_ID,
+    ("GetVolumeGroupSnapshotRequest", "group_snapshot_id"): _GROUP_ID,
+    ("GetVolumeGroupSnapshotRequest", "snapshot_ids"): _SNAPSHOT_ID,
+    ("GetMetadataAllocatedRequest", "snapshot_id"): _SNAPSHOT_ID,
+    ("GetMetadataDeltaRequest", "base_snapshot_id"): _SNAPSHOT_ID,
+    ("GetMetadataDeltaRequest", "target_snapshot_id"): _SNAPSHOT_ID,
+    ("NodeStageVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodeStageVolumeRequest", "publish_context"): _PUBLISH_CONTEXT,
+    ("NodeStageVolumeRequest", "volume_context"): _CONTEXT,
+    ("NodeUnstageVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodePublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodePublishVolumeRequest", "publish_context"): _PUBLISH_CONTEXT,
+    # Kubernetes also adds pod info and service account tokens here (CSIDriver
+    # podInfoOnMount, tokenRequests), ~4.6 KB with three audiences.
+    ("NodePublishVolumeRequest", "volume_context"): _CONTEXT,
+    ("NodeUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
+    ("NodeGetVolumeStatsRequest", "volume_id"): _VOLUME_ID,
+    ("NodeExpandVolumeRequest", "volume_id"): _VOLUME_ID,
 }
 
 NON_NEGATIVE = (
@@ -159,28 +224,29 @@ ERROR_CODES: dict[str, frozenset[str]] = {
     ),
 }
 
-# RPC -> (capability kind, capability the plugin must advertise before the CO calls it).
-RPC_GATES: dict[str, tuple[str, str]] = {
-    "CreateVolume": ("controller", "CREATE_DELETE_VOLUME"),
-    "DeleteVolume": ("controller", "CREATE_DELETE_VOLUME"),
-    "ControllerPublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
-    "ControllerUnpublishVolume": ("controller", "PUBLISH_UNPUBLISH_VOLUME"),
-    "ListVolumes": ("controller", "LIST_VOLUMES"),
-    "GetCapacity": ("controller", "GET_CAPACITY"),
-    "CreateSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
-    "DeleteSnapshot": ("controller", "CREATE_DELETE_SNAPSHOT"),
-    "ListSnapshots": ("controller", "LIST_SNAPSHOTS"),
-    "GetSnapshot": ("controller", "GET_SNAPSHOT"),
-    "ControllerExpandVolume": ("controller", "EXPAND_VOLUME"),
-    "ControllerGetVolume": ("controller", "GET_VOLUME"),
-    "ControllerModifyVolume": ("controller", "MODIFY_VOLUME"),
-    "NodeStageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
-    "NodeUnstageVolume": ("node", "STAGE_UNSTAGE_VOLUME"),
-    "NodeGetVolumeStats": ("node", "GET_VOLUME_STATS"),
-    "NodeExpandVolume": ("node", "EXPAND_VOLUME"),
-    "CreateVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
-    "DeleteVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
-    "GetVolumeGroupSnapshot": ("group", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"),
+# RPC -> (capability kind, capabilities with which the plugin MUST implement it).
+RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "CreateVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
+    "DeleteVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
+    "ControllerPublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
+    "ControllerUnpublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
+    "ListVolumes": ("controller", ("LIST_VOLUMES",)),
+    "GetCapacity": ("controller", ("GET_CAPACITY",)),
+    "CreateSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
+    "DeleteSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
+    "ListSnapshots": ("controller", ("LIST_SNAPSHOTS",)),
+    "GetSnapshot": ("controller", ("GET_SNAPSHOT",)),
+    "ControllerExpandVolume": ("controller", ("EXPAND_VOLUME",)),
+    "ControllerGetVolume": ("controller", ("GET_VOLUME",)),
+    "ControllerModifyVolume": ("controller", ("MODIFY_VOLUME",)),
+    "NodeStageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
+    "NodeUnstageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
+    # §NodeGetVolumeStats: with GET_VOLUME_STATS or VOLUME_CONDITION.
+    "NodeGetVolumeStats": ("node", ("GET_VOLUME_STATS", "VOLUME_CONDITION")),
+    "NodeExpandVolume": ("node", ("EXPAND_VOLUME",)),
+    "CreateVolumeGroupSnapshot": ("group", ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)),
+    "DeleteVolumeGroupSnapshot": ("group", ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)),
+    "GetVolumeGroupSnapshot": ("group", ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)),
 }
 
 TABLE = SpecTable(
@@ -192,7 +258,8 @@ TABLE = SpecTable(
     required=REQUIRED,
     required_caveat=REQUIRED_CAVEAT,
     size_overrides=SIZE_OVERRIDES,
-    size_recommended={("NodeGetInfoResponse", "node_id"): 128},
+    size_recommended=SIZE_RECOMMENDED,
+    echoes=ECHOES,
     repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
     plugin_name_fields=(("GetPluginInfoResponse", "name"),),
     name_fields=(
@@ -222,7 +289,6 @@ TABLE = SpecTable(
         "NodePublishVolume": (_checks.node_publish_request,),
         "NodeUnstageVolume": (_checks.node_unstage_request,),
         "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
-        "DeleteVolume": (_checks.delete_volume_request,),
     },
     capability_needs={
         "CreateVolume": ("plugin", "controller"),
@@ -239,4 +305,5 @@ TABLE = SpecTable(
         "GetMetadataDelta": (_checks.metadata_response,),
     },
     on_success=_checks.lifecycle_transitions(),
+    on_error=_checks.lifecycle_errors(),
 )

@@ -43,7 +43,10 @@ class Rule:
     parties: tuple[str, ...]  # who it judges: "co" (requests, call order), "plugin"
     section: str
     summary: str
-    reject_code: str = "INVALID_ARGUMENT"  # status an enforced request violation gets
+    # The answer the spec prescribes for a request breaking this rule, which enforce gives;
+    # None: the spec prescribes none, so the rule is reported and never enforced.
+    reject_code: str | None = "INVALID_ARGUMENT"
+    note: str = ""  # why the rule reads the spec the way it does, shown in the catalogue
 
     def section_for(self, rpc: str) -> str:
         return self.section.replace("{rpc}", rpc)
@@ -57,6 +60,8 @@ class Violation:
     field: str
     message: str
     party: str = ""  # empty: taken from the direction (request -> co, response -> plugin)
+    # False for a case of the rule the spec prescribes no answer for: reported, not enforced.
+    enforceable: bool = True
 
 
 # (message name relative to the spec package, field name)
@@ -65,6 +70,8 @@ FieldRef = tuple[str, str]
 # A method-level check: (table, state, call, request, response-or-None) -> violations.
 RequestCheck = Callable[["CompiledSpec", "SpecState", "Call", Any], Iterable[Violation]]
 ResponseCheck = Callable[["CompiledSpec", "SpecState", "Call", Any, Any], Iterable[Violation]]
+# After the plugin answered an error: (table, state, call, request, status code name).
+ErrorCheck = Callable[["CompiledSpec", "SpecState", "Call", Any, str], Iterable[Violation]]
 
 # call.stage_state key: the response message being judged (a LazyMessage), set by the
 # validate stage so response checks can count a list that was sampled (plugproxy.sampling).
@@ -99,6 +106,12 @@ class SpecTable:
     size_overrides: Mapping[FieldRef, int | None] = field(default_factory=dict)
     size_recommended: Mapping[FieldRef, int] = field(default_factory=dict)
     repeated_total_limits: Mapping[FieldRef, int] = field(default_factory=dict)
+    # Where the CO passes back a value the plugin made (an id, a token, a context map) ->
+    # the field the plugin returned it in. The size rules blame whoever made a value, so an
+    # echo is not judged: its maker was, where it was made.
+    echoes: Mapping[FieldRef, FieldRef] = field(default_factory=dict)
+    # map<string,string> fields judged key by key instead of in total (a listing as a map).
+    map_key_limits: Mapping[FieldRef, int] = field(default_factory=dict)
     # Family 3: formats.
     plugin_name_fields: tuple[FieldRef, ...] = ()
     name_fields: tuple[FieldRef, ...] = ()  # banned control characters
@@ -108,10 +121,14 @@ class SpecTable:
     error_codes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     general_codes: frozenset[str] = frozenset()
     required_rpcs: frozenset[str] = frozenset()  # RPCs every plugin implements
+    recommended_rpcs: frozenset[str] = frozenset()  # RPCs plugins SHOULD implement
     # Family 5: capabilities. kind -> method path the proxy may ask itself.
     capability_queries: Mapping[str, str] = field(default_factory=dict)
     capability_responses: Mapping[str, str] = field(default_factory=dict)  # rpc -> kind
-    rpc_gates: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # rpc -> (kind, cap)
+    # rpc -> (kind, capabilities): the plugin advertises any one of them when it serves rpc.
+    rpc_gates: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # Capability name -> a note added to messages naming it (e.g. spec text vs. proto).
+    capability_notes: Mapping[str, str] = field(default_factory=dict)
     # RPC -> capability kinds the proxy should know (asking itself if need be) first.
     capability_needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Families 5-7: method-level checks (functions of the table module).
@@ -121,6 +138,8 @@ class SpecTable:
     on_success: Mapping[str, Callable[[SpecState, Call, Any, Any], None]] = field(
         default_factory=dict
     )
+    # Method-level bookkeeping and checks after the plugin answered with an error.
+    on_error: Mapping[str, ErrorCheck] = field(default_factory=dict)
 
 
 Op = Callable[[Any, str, list[Violation]], None]
@@ -339,6 +358,24 @@ def _map_size_op(name: str, limit: int, rule: Rule) -> Op:
     return total
 
 
+def _map_keys_op(name: str, limit: int, rule: Rule) -> Op:
+    def each_key(msg: Any, prefix: str, out: list[Violation]) -> None:
+        for i, key in enumerate(getattr(msg, name)):
+            if len(key) * 4 <= limit:
+                continue
+            n = utf8_len(key)
+            if n > limit:
+                out.append(
+                    Violation(
+                        rule,
+                        f"{prefix}{name}[key {i}]",
+                        f"{prefix}{name}[key {i}] is {n} bytes; the limit is {limit} bytes",
+                    )
+                )
+
+    return each_key
+
+
 def _repeated_total_op(name: str, limit: int, rule: Rule) -> Op:
     def total(msg: Any, prefix: str, out: list[Violation]) -> None:
         values = getattr(msg, name)
@@ -494,6 +531,10 @@ class _Compiler:
         self._non_negative = self._refs(table.non_negative)
         self._nonzero = self._refs(table.required_nonzero)
         self._overrides = {self._ref(r): v for r, v in table.size_overrides.items()}
+        for echo, maker in table.echoes.items():
+            self._ref(maker)
+            self._overrides[self._ref(echo)] = None
+        self._map_keys = {self._ref(r): v for r, v in table.map_key_limits.items()}
         self._recommended = {self._ref(r): v for r, v in table.size_recommended.items()}
         self._totals = {self._ref(r): v for r, v in table.repeated_total_limits.items()}
         self._required: dict[str, list[tuple[str, str]]] = {}
@@ -585,7 +626,9 @@ class _Compiler:
                     ops.append(_banned_chars_op(fd.name, self.rule("name-banned-characters")))
             elif _is_string_map(fd):
                 limit = self._overrides.get(ref, t.map_limit)
-                if limit is not None:
+                if ref in self._map_keys:
+                    ops.append(_map_keys_op(fd.name, self._map_keys[ref], size_rule))
+                elif limit is not None:
                     ops.append(_map_size_op(fd.name, limit, size_rule))
                 if ref in self._secrets or self.spec.is_secret_field(fd):
                     ops.append(_secret_keys_op(fd.name, self.rule("secret-key-format")))
@@ -633,9 +676,10 @@ def compile_table(
         for enum in spec.descriptor(full_name).enum_types
         for value in enum.values
     }
-    for rpc, (_, cap) in table.rpc_gates.items():
-        if cap not in enum_values:
-            raise TableError(f"{table.spec}: {rpc} is gated by unknown capability {cap!r}")
+    for rpc, (_, caps) in table.rpc_gates.items():
+        for cap in caps:
+            if cap not in enum_values:
+                raise TableError(f"{table.spec}: {rpc} is gated by unknown capability {cap!r}")
     checkers = []
     for sample in (None, response_sample):
         compiler = _Compiler(table, spec, rules, sample)

@@ -1,20 +1,27 @@
 """What the validation stage remembers between calls: capabilities and volume lifecycles.
 
-Everything here is learned from calls seen on the wire and bounded in memory: capabilities
-expire after a TTL, volumes live in cachetools LRU caches. Only what the proxy saw counts:
-a volume it never saw staged is not "unstaged", it is unknown, and unknown history is
-never a violation. All access happens on the event loop, so no locks are needed.
+Everything here is learned from calls seen on the wire, bounded in memory and forgotten
+with time: capabilities expire after a TTL, volumes live in cachetools TTL caches that
+drop what was not touched for an hour (least recently used first when full). Only what
+the proxy saw counts: a volume it never saw staged is not "unstaged", it is unknown, and
+unknown history is never a violation. Memory that went stale (an HA peer relayed the
+next step, an answer was lost) thus ages into "unknown" instead of blocking a volume.
+All access happens on the event loop, so no locks are needed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachetools import LRUCache
+from cachetools import TTLCache
 
 CAPABILITY_TTL = 300.0  # a plugin upgrade may change them; re-learn after five minutes
 QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the next
+# Call order faults show within minutes of the call they follow; older memory of a volume
+# nobody touched is more likely stale (another replica relayed the next step) than useful.
+LIFECYCLE_TTL = 3600.0
 
 
 @dataclass(slots=True)
@@ -34,14 +41,20 @@ class VolumeState:
 class SpecState:
     """Per-spec memory of one validation stage."""
 
-    def __init__(self, max_volumes: int = 100_000, capability_ttl: float = CAPABILITY_TTL):
+    def __init__(
+        self,
+        max_volumes: int = 100_000,
+        capability_ttl: float = CAPABILITY_TTL,
+        lifecycle_ttl: float = LIFECYCLE_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         # kind -> (names, expiry); a handful of kinds, read on every gated call
         self._capabilities: dict[str, tuple[frozenset[str], float]] = {}
         self._ttl = capability_ttl
         self._query_failed: dict[str, float] = {}
-        self.volumes: LRUCache[str, VolumeState] = LRUCache(max_volumes)
+        self.volumes: TTLCache[str, VolumeState] = TTLCache(max_volumes, lifecycle_ttl, clock)
         # CreateVolume name -> (argument digest, volume id) of the last successful create.
-        self.creates: LRUCache[str, tuple[bytes, str]] = LRUCache(max_volumes)
+        self.creates: TTLCache[str, tuple[bytes, str]] = TTLCache(max_volumes, lifecycle_ttl, clock)
         self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
 
     # -- capabilities ---------------------------------------------------------------------
@@ -70,11 +83,18 @@ class SpecState:
     # -- lifecycle ------------------------------------------------------------------------
 
     def volume(self, volume_id: str) -> VolumeState:
+        """The state of ``volume_id`` to update, created if need be; its TTL starts again."""
         state = self.volumes.get(volume_id)
         if state is None:
             state = VolumeState()
-            self.volumes[volume_id] = state
+        self.volumes[volume_id] = state
         return state
+
+    def touch(self, volume_id: str) -> None:
+        """Keep what is known of ``volume_id`` for another TTL (the volume is in use)."""
+        state = self.volumes.get(volume_id)
+        if state is not None:
+            self.volumes[volume_id] = state
 
     def peek(self, volume_id: str) -> VolumeState | None:
         return self.volumes.get(volume_id)

@@ -7,9 +7,11 @@ Modes (``--validation``, per rule ``--rule ID=MODE``):
 
 - ``audit`` (default): calls pass untouched; each violation is logged, counted
   (``plugproxy_violations_total`` and ``GET /violations``) and added as a call event.
-- ``enforce``: a request breaking a MUST rule is answered by the proxy itself and never
-  reaches the plugin (INVALID_ARGUMENT, or FAILED_PRECONDITION for capability and call
-  order cases). Responses are never altered or blocked, only audited.
+- ``enforce``: a request breaking a MUST rule whose spec prescribes the answer is answered
+  by the proxy itself, with that answer, and never reaches the plugin (INVALID_ARGUMENT;
+  FAILED_PRECONDITION for NodePublishVolume before NodeStageVolume). SHOULD rules and MUST
+  rules without a prescribed answer are reported only. Responses are never altered or
+  blocked, only audited.
 - ``off``: the stage is not built at all.
 
 The rules are data (:mod:`plugproxy.rules`), compiled per message type at startup. The stage
@@ -30,6 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 from prometheus_client import Counter
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
@@ -154,12 +158,34 @@ class _Plan:
     request_checks: tuple[Any, ...]
     response_checks: tuple[Any, ...]
     on_success: Any
-    gate: tuple[str, str] | None
+    on_error: Any
+    gate: tuple[str, tuple[str, ...]] | None
     needs: tuple[str, ...]  # capability kinds to know before the request checks
     capability_kind: str | None  # this RPC's response lists capabilities of that kind
     error_codes: frozenset[str] | None
     required_rpc: bool
+    recommended_rpc: bool
     malformed: Rule
+
+
+def _named(plan: _Plan, capabilities: Iterable[str]) -> str:
+    """Capability names for a message, with the table's note on any of them."""
+    names = list(capabilities)
+    notes = plan.spec.table.capability_notes
+    text = " or ".join(names)
+    extra = [f"{n}: {notes[n]}" for n in names if n in notes]
+    return f"{text} ({'; '.join(extra)})" if extra else text
+
+
+def status_details_count(value: bytes | str) -> int | None:
+    """Entries in ``details`` of a grpc-status-details-bin value (a google.rpc.Status), or
+    None when the bytes are not one. Servers often send the Status with zero details
+    (grpcio-status, grpc-java's StatusProto); only entries count."""
+    data = value.encode("latin-1") if isinstance(value, str) else bytes(value)
+    try:
+        return len(status_pb2.Status.FromString(data).details)
+    except DecodeError:
+        return None
 
 
 def _real_index(violation: Violation, sample: Sample) -> Violation:
@@ -235,11 +261,13 @@ class ValidateStage(Stage):
             request_checks=t.request_checks.get(rpc, ()),
             response_checks=t.response_checks.get(rpc, ()),
             on_success=t.on_success.get(rpc),
+            on_error=t.on_error.get(rpc),
             gate=gate,
             needs=tuple(k for k in needs if k in t.capability_queries),
             capability_kind=t.capability_responses.get(rpc),
             error_codes=t.error_codes.get(rpc),
             required_rpc=rpc in t.required_rpcs,
+            recommended_rpc=rpc in t.recommended_rpcs,
             malformed=cs.rule("malformed-message"),
         )
 
@@ -286,15 +314,15 @@ class ValidateStage(Stage):
             plan.request_checker(req, "", out)
         st = plan.state
         if plan.gate is not None:
-            kind, cap = plan.gate
+            kind, wanted = plan.gate
             caps = st.known_capabilities(kind)
-            if caps is not None and cap not in caps:
+            if caps is not None and caps.isdisjoint(wanted):
                 out.append(
                     Violation(
                         plan.spec.rule("capability-not-advertised"),
                         "",
                         f"{plan.rpc} called but the plugin does not advertise the {kind}"
-                        f" capability {cap}",
+                        f" capability {_named(plan, wanted)}",
                     )
                 )
         for check in plan.request_checks:
@@ -304,14 +332,20 @@ class ValidateStage(Stage):
             self._maybe_reject(out)
 
     def _maybe_reject(self, violations: list[Violation]) -> None:
+        # Only a MUST whose spec prescribes the answer is enforced, and with that answer.
         enforced = [
-            v for v in violations if v.rule.level == MUST and self.modes[v.rule.id] == ENFORCE
+            v
+            for v in violations
+            if v.rule.level == MUST
+            and v.rule.reject_code is not None
+            and v.enforceable
+            and self.modes[v.rule.id] == ENFORCE
         ]
         if not enforced:
             return
         first = enforced[0]
         more = f" (and {len(enforced) - 1} more)" if len(enforced) > 1 else ""
-        code = grpc.StatusCode[first.rule.reject_code]
+        code = grpc.StatusCode[first.rule.reject_code or "INVALID_ARGUMENT"]
         raise Reject(code, f"plugproxy: {first.rule.id}: {first.message}{more}")
 
     async def _learn_capabilities(self, plan: _Plan, call: Call) -> None:
@@ -392,6 +426,12 @@ class ValidateStage(Stage):
             return
         if code in _NOT_JUDGED or call.details.startswith("plugproxy: "):
             return
+        if plan.on_error is not None and call.request is not None:
+            req = call.request.message
+            if req is not None:
+                found = list(plan.on_error(plan.spec, plan.state, call, req, code.name))
+                if found:
+                    self._record(plan, call, found, CO)
         self._judge_error(plan, call)
 
     def _judge_error(self, plan: _Plan, call: Call) -> None:
@@ -404,29 +444,43 @@ class ValidateStage(Stage):
                     cs.rule("error-message-empty"), "", f"{code.name} status with an empty message"
                 )
             )
-        details = sum(len(v) for k, v in call.trailing_metadata if k == DETAILS_KEY and v)
-        if details:
-            out.append(
-                Violation(
-                    cs.rule("status-details-nonempty"),
-                    "",
-                    f"{code.name} status carries {details} bytes of status details",
+        for key, value in call.trailing_metadata:
+            if key != DETAILS_KEY or not value:
+                continue
+            count = status_details_count(value)
+            if count != 0:
+                what = "undecodable status details" if count is None else f"{count} detail(s)"
+                out.append(
+                    Violation(
+                        cs.rule("status-details-nonempty"),
+                        "",
+                        f"{code.name} status carries {what} in {DETAILS_KEY}",
+                    )
                 )
-            )
         if code is grpc.StatusCode.UNIMPLEMENTED:
             why = None
             if plan.required_rpc:
                 why = "an RPC every plugin implements"
             elif plan.gate is not None:
                 caps = plan.state.known_capabilities(plan.gate[0])
-                if caps is not None and plan.gate[1] in caps:
-                    why = f"the plugin advertises {plan.gate[1]}"
+                advertised = [c for c in plan.gate[1] if caps is not None and c in caps]
+                if advertised:
+                    why = f"the plugin advertises {_named(plan, advertised)}"
             if why is not None:
                 out.append(
                     Violation(
                         cs.rule("unimplemented-advertised"),
                         "",
                         f"{plan.rpc} answered UNIMPLEMENTED but it is {why}",
+                    )
+                )
+            elif plan.recommended_rpc:
+                out.append(
+                    Violation(
+                        cs.rule("unimplemented-recommended"),
+                        "",
+                        f"{plan.rpc} answered UNIMPLEMENTED; the spec asks plugins to"
+                        " implement every RPC of the service",
                     )
                 )
         elif plan.error_codes is not None:
