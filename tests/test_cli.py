@@ -56,6 +56,20 @@ def test_help_lists_env_twins():
     assert "PLUGPROXY_MAX_MESSAGE_BYTES" in result.stdout
 
 
+def test_help_shows_each_default_as_it_would_be_written():
+    result = run_cli("serve", "--help")
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    for shown in (
+        "(default: 16MiB)",  # --max-message-bytes
+        "(default: 0660)",  # --socket-mode
+        "(default: 30s)",  # --shutdown-grace
+        "(default: 1m)",  # --plugin-wait
+        "(default: 127.0.0.1:9808)",  # --admin-listen
+        "(default: audit)",  # --validation
+    ):
+        assert shown in text, shown
+
+
 async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
     upstream = str(tmp_path / "plugin.sock")
     listen = str(tmp_path / "csi.sock")

@@ -84,7 +84,8 @@ def add_options(
     env = os.environ if environ is None else environ
     for opt in options:
         default = env_default(opt, env)
-        help_text = f"{opt.help} [env {opt.env}]"
+        shown = shown_default(opt)
+        help_text = f"{opt.help}{f' (default: {shown})' if shown else ''} [env {opt.env}]"
         if opt.is_switch:
             parser.add_argument(opt.flag, action="store_true", default=default, help=help_text)
         elif opt.repeatable:
@@ -156,6 +157,34 @@ def duration(raw: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"duration must not be negative: {raw!r}")
     return value
+
+
+def shown_default(opt: Option) -> str:
+    """The declared default as one would write it on the command line; "" when none."""
+    value = opt.default
+    if opt.is_switch or value is None or value in ("", []):
+        return ""
+    if opt.type is duration:
+        return _duration_text(float(value))
+    if opt.type is byte_size:
+        return _size_text(int(value))
+    if opt.type is octal_mode:
+        return f"0{int(value):o}"
+    return str(value)
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+def _size_text(size: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 def octal_mode(raw: str) -> int:
