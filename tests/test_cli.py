@@ -70,6 +70,21 @@ def test_help_shows_each_default_as_it_would_be_written():
         assert shown in text, shown
 
 
+def test_every_duration_option_takes_units():
+    from plugproxy import serve
+    from plugproxy.options import duration
+
+    durations = [o for o in serve.all_options() if o.metavar == "DURATION"]
+    assert {o.flag for o in durations} >= {"--capability-query-timeout", "--plugin-wait"}
+    assert all(o.type is duration for o in durations)
+    assert not [o.flag for o in serve.all_options() if o.metavar == "SECONDS"]
+    ns = serve.parse_args(
+        ["--listen", "unix:///l", "--upstream", "unix:///u", "--capability-query-timeout", "1s"],
+        environ={},
+    )
+    assert ns.capability_query_timeout == 1.0
+
+
 async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
     upstream = str(tmp_path / "plugin.sock")
     listen = str(tmp_path / "csi.sock")

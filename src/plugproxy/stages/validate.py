@@ -38,7 +38,7 @@ from prometheus_client import Counter
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
-from plugproxy.options import Option
+from plugproxy.options import Option, duration
 from plugproxy.rules import TABLES, all_rules
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
@@ -73,10 +73,10 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "--capability-query-timeout",
-        "longest wait when the proxy asks the plugin for its capabilities itself (seconds)",
+        "longest wait when the proxy asks the plugin for its capabilities itself",
         default=1.0,
-        type=float,
-        metavar="SECONDS",
+        type=duration,
+        metavar="DURATION",
     ),
 ]
 
