@@ -70,6 +70,25 @@ def test_help_shows_each_default_as_it_would_be_written():
         assert shown in text, shown
 
 
+@pytest.mark.parametrize(
+    ("argv", "environ", "named"),
+    [
+        (["--rule", "csi.size-limit=loud"], {}, "--rule 'csi.size-limit=loud'"),
+        ([], {"PLUGPROXY_RULE": "csi.size-limit=loud"}, "PLUGPROXY_RULE 'csi.size-limit=loud'"),
+        (["--admin-listen", "nowhere"], {}, "--admin-listen 'nowhere'"),
+        ([], {"PLUGPROXY_ADMIN_LISTEN": "nowhere"}, "PLUGPROXY_ADMIN_LISTEN 'nowhere'"),
+        ([], {"PLUGPROXY_LISTEN": "unix://relative"}, "PLUGPROXY_LISTEN 'unix://relative'"),
+        (["--listen", "unix://relative"], {}, "--listen 'unix://relative'"),
+    ],
+)
+def test_a_bad_value_is_named_by_where_it_came_from(argv, environ, named):
+    """The flag when it was given on the command line, the variable when it came from there."""
+    env = {"PLUGPROXY_LISTEN": "unix:///tmp/l.sock", "PLUGPROXY_UPSTREAM": "unix:///tmp/u.sock"}
+    result = run_cli("serve", *argv, env={**env, **environ})
+    assert result.returncode == 2
+    assert named in result.stderr, result.stderr
+
+
 def test_every_duration_option_takes_units():
     from plugproxy import serve
     from plugproxy.options import duration

@@ -17,13 +17,13 @@ from plugproxy.endpoints import ConfigError
 from plugproxy.log import Logger
 
 
-def parse_admin_listen(raw: str) -> tuple[str, int] | None:
+def parse_admin_listen(raw: str, source: str = "--admin-listen") -> tuple[str, int] | None:
     """'127.0.0.1:9808', '[::1]:9808', ':9808' or 'off'."""
     if raw.strip().lower() == "off":
         return None
     host, sep, port_text = raw.rpartition(":")
     if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise ConfigError(f"--admin-listen {raw!r}: expected HOST:PORT or off")
+        raise ConfigError(f"{source} {raw!r}: expected HOST:PORT or off")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port_text)
 

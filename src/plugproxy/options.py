@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from plugproxy.endpoints import ConfigError
 
 ENV_PREFIX = "PLUGPROXY_"
+ENV_VALUES = "_values_from_env"  # namespace attribute: {flag: (variable, value it gave)}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -82,8 +83,13 @@ def add_options(
     environ: Mapping[str, str] | None = None,
 ) -> None:
     env = os.environ if environ is None else environ
+    # Values the environment supplied, so errors found later can name where a value came
+    # from (see value_source).
+    from_env: dict[str, tuple[str, Any]] = {}
     for opt in options:
         default = env_default(opt, env)
+        if opt.env in env:
+            from_env[opt.flag] = (opt.env, default)
         shown = shown_default(opt)
         help_text = f"{opt.help}{f' (default: {shown})' if shown else ''} [env {opt.env}]"
         if opt.is_switch:
@@ -108,6 +114,17 @@ def add_options(
                 metavar=opt.metavar,
                 help=help_text,
             )
+    parser.set_defaults(**{ENV_VALUES: from_env})
+
+
+def value_source(ns: argparse.Namespace, flag: str) -> str:
+    """What to call a setting in an error: its environment variable when the value in
+    ``ns`` came from there, else the flag."""
+    known: dict[str, tuple[str, Any]] = getattr(ns, ENV_VALUES, {})
+    env_name, value = known.get(flag, ("", None))
+    if env_name and getattr(ns, flag.lstrip("-").replace("-", "_"), None) == value:
+        return env_name
+    return flag
 
 
 class _ReplaceThenAppend(argparse.Action):

@@ -16,7 +16,15 @@ from plugproxy import __version__, admin, pipeline, readiness, transport
 from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
 from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
 from plugproxy.log import LEVELS, Logger
-from plugproxy.options import OneLineParser, Option, add_options, byte_size, duration, octal_mode
+from plugproxy.options import (
+    OneLineParser,
+    Option,
+    add_options,
+    byte_size,
+    duration,
+    octal_mode,
+    value_source,
+)
 from plugproxy.registry import SPEC_NAMES, Registry
 from plugproxy.relay.framerelay import FrameRelay
 from plugproxy.relay.grpcrelay import GrpcRelay
@@ -115,8 +123,8 @@ def check_settings(ns: argparse.Namespace) -> Settings:
         raise ConfigError("--listen is required (or PLUGPROXY_LISTEN)")
     if not ns.upstream:
         raise ConfigError("--upstream is required (or PLUGPROXY_UPSTREAM)")
-    listen = parse_endpoint(ns.listen, "--listen")
-    upstream = parse_endpoint(ns.upstream, "--upstream")
+    listen = parse_endpoint(ns.listen, value_source(ns, "--listen"))
+    upstream = parse_endpoint(ns.upstream, value_source(ns, "--upstream"))
     if listen.is_unix and upstream.is_unix and listen.path == upstream.path:
         raise ConfigError(f"--listen and --upstream are the same socket {listen.path}")
     if ns.max_concurrent_calls <= 0:
@@ -129,7 +137,8 @@ def check_settings(ns: argparse.Namespace) -> Settings:
         raise ConfigError("--relay frames relays plaintext sockets only; tls:// needs --relay grpc")
     if relay == "auto":
         relay = "grpc" if uses_tls else "frames"
-    return Settings(listen, upstream, specs, admin.parse_admin_listen(ns.admin_listen), relay)
+    admin_at = admin.parse_admin_listen(ns.admin_listen, value_source(ns, "--admin-listen"))
+    return Settings(listen, upstream, specs, admin_at, relay)
 
 
 class ProxyServer:

@@ -38,7 +38,7 @@ from prometheus_client import Counter
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
-from plugproxy.options import Option, duration
+from plugproxy.options import Option, duration, value_source
 from plugproxy.rules import TABLES, all_rules
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
@@ -85,19 +85,22 @@ _NOT_JUDGED = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXC
 DETAILS_KEY = "grpc-status-details-bin"
 
 
-def parse_rule_modes(items: Iterable[str], known: dict[str, Rule]) -> dict[str, str]:
-    """'ID=MODE' items -> {rule id: mode}; ConfigError naming the first bad item."""
+def parse_rule_modes(
+    items: Iterable[str], known: dict[str, Rule], source: str = "--rule"
+) -> dict[str, str]:
+    """'ID=MODE' items -> {rule id: mode}; ConfigError naming the first bad item and where it
+    came from (``source``: the flag or its environment variable)."""
     out: dict[str, str] = {}
     for item in items:
         rule_id, sep, mode = item.partition("=")
         rule_id, mode = rule_id.strip(), mode.strip().lower()
         if not sep or not rule_id:
-            raise ConfigError(f"--rule {item!r}: expected ID=off|audit|enforce")
+            raise ConfigError(f"{source} {item!r}: expected ID=off|audit|enforce")
         if mode not in MODES:
-            raise ConfigError(f"--rule {item!r}: mode must be off, audit or enforce")
+            raise ConfigError(f"{source} {item!r}: mode must be off, audit or enforce")
         if rule_id not in known:
             raise ConfigError(
-                f"--rule {item!r}: unknown rule id {rule_id!r} (see docs/rules.md for the list)"
+                f"{source} {item!r}: unknown rule id {rule_id!r} (see docs/rules.md for the list)"
             )
         out[rule_id] = mode
     return out
@@ -538,7 +541,9 @@ class ValidateStage(Stage):
 
 def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     mode = getattr(ns, "validation", AUDIT)
-    rule_modes = parse_rule_modes(getattr(ns, "rule", None) or (), all_rules())
+    rule_modes = parse_rule_modes(
+        getattr(ns, "rule", None) or (), all_rules(), value_source(ns, "--rule")
+    )
     if mode == OFF and all(m == OFF for m in rule_modes.values()):
         return None
     timeout = float(getattr(ns, "capability_query_timeout", 1.0))
