@@ -588,3 +588,332 @@ def test_lifecycle_state_expires_and_is_bounded():
     for vid in ("b", "c", "d"):
         st.volume(vid)
     assert len(st.volumes) == 2
+
+
+# -- absolute paths (CSI v1.12 and v0.3: "It MUST be an absolute path") -----------------------
+
+POD_UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+PV = "pvc-3f0e4a6e-9a43-4c3e-8a5e-3b1f3e0c9d11"
+KUBELET_TARGET = f"/var/lib/kubelet/pods/{POD_UID}/volumes/kubernetes.io~csi/{PV}/mount"
+KUBELET_STAGE = (
+    f"/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/{'a1' * 32}/globalmount"
+)
+MOUNT_CAP = {"mount": {}, "access_mode": {"mode": 1}}
+
+# spec, message, the path field, the other fields a legitimate call sets
+PATH_CASES = [
+    ("csi.v1", "NodeStageVolumeRequest", "staging_target_path", {"volume_capability": MOUNT_CAP}),
+    ("csi.v1", "NodeUnstageVolumeRequest", "staging_target_path", {}),
+    (
+        "csi.v1",
+        "NodePublishVolumeRequest",
+        "staging_target_path",
+        {"target_path": KUBELET_TARGET, "volume_capability": MOUNT_CAP},
+    ),
+    ("csi.v1", "NodePublishVolumeRequest", "target_path", {"volume_capability": MOUNT_CAP}),
+    ("csi.v1", "NodeUnpublishVolumeRequest", "target_path", {}),
+    ("csi.v1", "NodeGetVolumeStatsRequest", "volume_path", {}),
+    ("csi.v1", "NodeGetVolumeStatsRequest", "staging_target_path", {"volume_path": KUBELET_TARGET}),
+    ("csi.v1", "NodeExpandVolumeRequest", "staging_target_path", {"volume_path": KUBELET_TARGET}),
+    ("csi.v0", "NodeStageVolumeRequest", "staging_target_path", {"volume_capability": MOUNT_CAP}),
+    ("csi.v0", "NodeUnstageVolumeRequest", "staging_target_path", {}),
+    (
+        "csi.v0",
+        "NodePublishVolumeRequest",
+        "staging_target_path",
+        {"target_path": KUBELET_TARGET, "volume_capability": MOUNT_CAP},
+    ),
+    ("csi.v0", "NodePublishVolumeRequest", "target_path", {"volume_capability": MOUNT_CAP}),
+    ("csi.v0", "NodeUnpublishVolumeRequest", "target_path", {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message", "path", "others"),
+    PATH_CASES,
+    ids=[f"{s}-{m}.{p}" for s, m, p, _ in PATH_CASES],
+)
+def test_node_paths_must_be_absolute(spec, message, path, others):
+    def req(value: str) -> Any:
+        return msg(spec, message, volume_id="vol-1", **{**others, path: value})
+
+    judged = [
+        (rule, field)
+        for rule, field in rules_of(spec, req("var/lib/kubelet/x"))
+        if "size" not in rule
+    ]
+    assert judged == [("csi.path-not-absolute", path)]
+    assert ("csi.path-not-absolute", path) in rules_of(spec, req("./globalmount"))
+    for good in (KUBELET_TARGET, KUBELET_STAGE, "/s", "c:\\var\\lib\\kubelet\\pods\\x\\mount"):
+        # (CSI v0.3 paths over 128 bytes draw the advisory csi.size-limit-recommended)
+        assert [r for r, _ in rules_of(spec, req(good)) if "size" not in r] == [], good
+
+
+def test_every_path_the_spec_calls_absolute_is_listed_and_no_other():
+    assert TABLES["csi.v1"].absolute_paths == tuple(
+        (m, p) for s, m, p, _ in PATH_CASES if s == "csi.v1"
+    )
+    assert TABLES["csi.v0"].absolute_paths == tuple(
+        (m, p) for s, m, p, _ in PATH_CASES if s == "csi.v0"
+    )
+    # NodeExpandVolumeRequest.volume_path: the spec says "REQUIRED", not "absolute".
+    expand = msg("csi.v1", "NodeExpandVolumeRequest", volume_id="v", volume_path="rel")
+    assert rules_of("csi.v1", expand) == []
+
+
+def test_an_empty_optional_path_is_not_judged_a_missing_required_one_is_reported_once():
+    optional = msg("csi.v1", "NodeGetVolumeStatsRequest", volume_id="v", volume_path=KUBELET_TARGET)
+    assert rules_of("csi.v1", optional) == []
+    optional.staging_target_path = "staging/x"  # set: judged
+    assert rules_of("csi.v1", optional) == [("csi.path-not-absolute", "staging_target_path")]
+    required = msg("csi.v1", "NodeUnpublishVolumeRequest", volume_id="v")
+    assert rules_of("csi.v1", required) == [("csi.required-field", "target_path")]
+
+
+# -- topology (CSI §CreateVolume, Topology and TopologyRequirement) --------------------------
+
+ZONE = "topology.kubernetes.io/zone"
+EBS_ZONE = "topology.ebs.csi.aws.com/zone"
+REAL_TOPOLOGIES = [
+    {ZONE: "us-east-1a"},
+    {EBS_ZONE: "us-east-1a", "kubernetes.io/hostname": "ip-10-0-1-23.ec2.internal"},
+    {"topology.gke.io/zone": "europe-west1-b", "topology.kubernetes.io/region": "europe-west1"},
+    {"rack": "R3", "zone": "Z_1"},  # keys without a prefix
+    {"com.company.example/zone": "z" * 63, "n" * 63: "v"},  # 63 is the limit
+]
+# a key or value -> the rule it breaks
+BAD_KEYS = [
+    ("Topology.Example.com/zone", "csi.topology-key-format"),  # upper-case prefix
+    ("topology.example_x.com/zone", "csi.topology-key-format"),  # '_' in the prefix
+    ("topology..example.com/zone", "csi.topology-key-format"),  # empty label
+    ("-topology.example.com/zone", "csi.topology-key-format"),
+    (("p" * 64) + "/zone", "csi.topology-key-format"),
+    ("/zone", "csi.topology-key-format"),
+    ("topology.example.com/", "csi.topology-key-format"),  # no name
+    ("a/b/zone", "csi.topology-key-format"),
+    ("zone-", "csi.topology-key-format"),
+    ("zo ne", "csi.topology-key-format"),
+    ("z" * 64, "csi.topology-key-format"),
+]
+BAD_VALUES = ["", "-us-east-1a", "us-east-1a.", "us east", "v" * 64, "zone/1"]
+
+
+def topology_findings(spec: str, message: Any) -> list[tuple[str, str]]:
+    return [(r, f) for r, f in rules_of(spec, message) if r.startswith("csi.topology")]
+
+
+def node_info(spec: str, segments: dict[str, str]) -> Any:
+    return msg(spec, "NodeGetInfoResponse", node_id="n", accessible_topology={"segments": segments})
+
+
+def create_request(spec: str, **requirement: Any) -> Any:
+    return msg(
+        spec,
+        "CreateVolumeRequest",
+        name="pvc-1",
+        volume_capabilities=[MOUNT_CAP],
+        accessibility_requirements=requirement,
+    )
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+@pytest.mark.parametrize("segments", REAL_TOPOLOGIES)
+def test_real_world_topologies_pass_in_both_directions(spec, segments):
+    assert rules_of(spec, node_info(spec, segments)) == []
+    request = create_request(
+        spec, requisite=[{"segments": segments}], preferred=[{"segments": segments}]
+    )
+    assert rules_of(spec, request) == []
+    # the same call with the last value spoilt is caught, from either party
+    key = list(segments)[-1]
+    spoilt = {**segments, key: segments[key] + "-"}
+    plugin = node_info(spec, spoilt)
+    last = list(plugin.accessible_topology.segments).index(key)  # the map's own order
+    assert topology_findings(spec, plugin) == [
+        ("csi.topology-value-format", f"accessible_topology.segments[value {last}]")
+    ]
+    request = create_request(spec, requisite=[{"segments": spoilt}])
+    last = list(request.accessibility_requirements.requisite[0].segments).index(key)
+    assert topology_findings(spec, request) == [
+        (
+            "csi.topology-value-format",
+            f"accessibility_requirements.requisite[0].segments[value {last}]",
+        )
+    ]
+
+
+@pytest.mark.parametrize(("key", "rule"), BAD_KEYS, ids=[k[:20] for k, _ in BAD_KEYS])
+def test_topology_key_format_judges_the_plugin_and_the_co(key, rule):
+    plugin = node_info("csi.v1", {ZONE: "us-east-1a", key: "us-east-1a"})
+    # map order is the wire's: find the position the bad key landed at
+    pos = list(plugin.accessible_topology.segments).index(key)
+    assert topology_findings("csi.v1", plugin) == [
+        (rule, f"accessible_topology.segments[key {pos}]")
+    ]
+    co = create_request("csi.v1", requisite=[{"segments": {key: "us-east-1a"}}])
+    assert topology_findings("csi.v1", co) == [
+        (rule, "accessibility_requirements.requisite[0].segments[key 0]")
+    ]
+
+
+@pytest.mark.parametrize("value", BAD_VALUES)
+def test_topology_value_format_judges_the_plugin_and_the_co(value):
+    plugin = node_info("csi.v1", {EBS_ZONE: value})
+    assert topology_findings("csi.v1", plugin) == [
+        ("csi.topology-value-format", "accessible_topology.segments[value 0]")
+    ]
+    co = create_request("csi.v1", preferred=[{"segments": {ZONE: value}}])
+    assert topology_findings("csi.v1", co) == [
+        ("csi.topology-value-format", "accessibility_requirements.preferred[0].segments[value 0]")
+    ]
+    found = COMPILED["csi.v1"].check_message(plugin)
+    assert all(value not in v.message for v in found if value)  # values are never quoted
+
+
+def test_topology_keys_are_case_insensitive():
+    plugin = node_info("csi.v1", {"zone": "Z1", "Zone": "Z2"})
+    second = list(plugin.accessible_topology.segments)[1]  # the map's own order
+    assert second.lower() == "zone"
+    assert topology_findings("csi.v1", plugin) == [
+        ("csi.topology-key-duplicate", "accessible_topology.segments[key 1]")
+    ]
+    co = msg(
+        "csi.v1",
+        "GetCapacityRequest",
+        accessible_topology={"segments": {ZONE: "a", "rack": "r1", "RACK": "r2"}},
+    )
+    assert [r for r, _ in topology_findings("csi.v1", co)] == ["csi.topology-key-duplicate"]
+    assert topology_findings("csi.v1", node_info("csi.v1", {"zone": "Z1", "rack": "Z1"})) == []
+
+
+def test_topology_requirement_needs_requisite_or_preferred():
+    for spec in ("csi.v1", "csi.v0"):
+        assert topology_findings(spec, create_request(spec)) == [
+            ("csi.topology-requirement-empty", "accessibility_requirements")
+        ]
+        only_preferred = create_request(spec, preferred=[{"segments": {ZONE: "us-east-1a"}}])
+        assert topology_findings(spec, only_preferred) == []
+        only_requisite = create_request(spec, requisite=[{"segments": {ZONE: "us-east-1a"}}])
+        assert topology_findings(spec, only_requisite) == []
+    # absent altogether: nothing to judge
+    plain = msg("csi.v1", "CreateVolumeRequest", name="p", volume_capabilities=[MOUNT_CAP])
+    assert rules_of("csi.v1", plain) == []
+
+
+def test_preferred_topologies_must_be_in_requisite():
+    a, b, c = ({ZONE: z} for z in ("us-east-1a", "us-east-1b", "us-east-1c"))
+    for spec in ("csi.v1", "csi.v0"):
+        good = create_request(
+            spec,
+            requisite=[{"segments": a}, {"segments": b}, {"segments": c}],
+            preferred=[{"segments": c}, {"segments": a}],
+        )
+        assert topology_findings(spec, good) == []
+        bad = create_request(
+            spec,
+            requisite=[{"segments": a}, {"segments": b}],
+            preferred=[{"segments": a}, {"segments": c}],
+        )
+        assert topology_findings(spec, bad) == [
+            ("csi.topology-preferred-not-requisite", "accessibility_requirements.preferred[1]")
+        ]
+        # keys are case-insensitive, values are not
+        upper = {"Topology.Kubernetes.io/Zone": "us-east-1a"}
+        same = create_request(
+            spec, requisite=[{"segments": a}], preferred=[{"segments": {ZONE: "us-east-1a"}}]
+        )
+        assert topology_findings(spec, same) == []
+        assert (
+            "csi.topology-preferred-not-requisite",
+            "accessibility_requirements.preferred[0]",
+        ) not in (
+            topology_findings(
+                spec,
+                create_request(spec, requisite=[{"segments": upper}], preferred=[{"segments": a}]),
+            )
+        )
+        other_value = create_request(
+            spec, requisite=[{"segments": a}], preferred=[{"segments": {ZONE: "US-EAST-1A"}}]
+        )
+        assert topology_findings(spec, other_value) == [
+            ("csi.topology-preferred-not-requisite", "accessibility_requirements.preferred[0]")
+        ]
+
+
+def topology_fields(spec: str) -> list[tuple[str, str]]:
+    """(message, field) of every field of type Topology in ``spec``'s descriptors."""
+    s = load_spec(spec)
+    full = f"{TABLES[spec].package}.Topology"
+    return sorted(
+        (name, fd.name)
+        for name in s.message_classes
+        for fd in s.descriptor(name).fields
+        if fd.message_type is not None and fd.message_type.full_name == full
+    )
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_topology_is_judged_in_every_field_the_descriptors_hold(spec):
+    fields = topology_fields(spec)
+    names = {f"{m.rsplit('.', 1)[-1]}.{f}" for m, f in fields}
+    assert {
+        "GetCapacityRequest.accessible_topology",
+        "NodeGetInfoResponse.accessible_topology",
+        "Volume.accessible_topology",
+        "TopologyRequirement.requisite",
+        "TopologyRequirement.preferred",
+    } <= names
+    s = load_spec(spec)
+    for message, name in fields:
+        fd = s.descriptor(message).fields_by_name[name]
+        value: Any = {"segments": {"zone-": "a"}}
+        m = s.message_class(message)(**{name: [value] if fd.is_repeated else value})
+        at = f"{name}[0]" if fd.is_repeated else name
+        found = [(v.rule.id, v.field) for v in COMPILED[spec].check_message(m)]
+        assert ("csi.topology-key-format", f"{at}.segments[key 0]") in found, message
+    # nested at depth, in a response list
+    page = msg(
+        spec,
+        "ListVolumesResponse",
+        entries=[{"volume": {"accessible_topology": [{"segments": {ZONE: ""}}]}}],
+    )
+    ident = "volume_id" if spec == "csi.v1" else "id"
+    page.entries[0].volume.__setattr__(ident, "v")
+    assert topology_findings(spec, page) == [
+        ("csi.topology-value-format", "entries[0].volume.accessible_topology[0].segments[value 0]")
+    ]
+
+
+def test_csi_v0_key_prefix_follows_its_own_text():
+    # CSI v0.3: the prefix takes the characters of a name; v1 wants lower-case DNS notation.
+    segments = {"Com.Example_Storage/zone": "z1"}
+    assert topology_findings("csi.v0", node_info("csi.v0", segments)) == []
+    assert topology_findings("csi.v1", node_info("csi.v1", segments)) == [
+        ("csi.topology-key-format", "accessible_topology.segments[key 0]")
+    ]
+    bad = {"-com.example/zone": "z1"}
+    assert topology_findings("csi.v0", node_info("csi.v0", bad)) == [
+        ("csi.topology-key-format", "accessible_topology.segments[key 0]")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "capability"),
+    [("csi.v1", "VOLUME_ACCESSIBILITY_CONSTRAINTS"), ("csi.v0", "ACCESSIBILITY_CONSTRAINTS")],
+)
+def test_get_capacity_topology_needs_the_accessibility_capability(spec, capability):
+    (check,) = TABLES[spec].request_checks["GetCapacity"]
+    assert TABLES[spec].capability_needs["GetCapacity"] == ("plugin",)
+    cs = COMPILED[spec]
+    with_topology = msg(
+        spec, "GetCapacityRequest", accessible_topology={"segments": {ZONE: "us-east-1a"}}
+    )
+    without = msg(spec, "GetCapacityRequest")
+    st = SpecState()
+    assert list(check(cs, st, None, with_topology)) == []  # capabilities unknown: not judged
+    st.set_capabilities("plugin", frozenset({"CONTROLLER_SERVICE"}))
+    found = [(v.rule.id, v.field) for v in check(cs, st, None, with_topology)]
+    assert found == [("csi.capacity-topology-without-capability", "accessible_topology")]
+    assert list(check(cs, st, None, without)) == []
+    st.set_capabilities("plugin", frozenset({"CONTROLLER_SERVICE", capability}))
+    assert list(check(cs, st, None, with_topology)) == []

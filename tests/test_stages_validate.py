@@ -724,3 +724,164 @@ async def test_cmi_capabilities_follow_the_proto_numbers_and_say_so(tmp_path):
     )
     assert "SHUTDOWN_MACHINE" in entry["last_message"]
     assert "proto" in entry["last_message"] and "swaps" in entry["last_message"]
+
+
+# -- absolute paths and topology: enforce rejects the CO, reports the plugin ------------------
+
+NODE_PUBLISH = "/csi.v1.Node/NodePublishVolume"
+NODE_GET_INFO = "/csi.v1.Node/NodeGetInfo"
+CREATE = "/csi.v1.Controller/CreateVolume"
+POD_UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+PV = "pvc-3f0e4a6e-9a43-4c3e-8a5e-3b1f3e0c9d11"
+KUBELET_TARGET = f"/var/lib/kubelet/pods/{POD_UID}/volumes/kubernetes.io~csi/{PV}/mount"
+KUBELET_STAGE = (
+    f"/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/{'5e' * 32}/globalmount"
+)
+MOUNT = {"mount": {}, "access_mode": {"mode": 1}}
+EBS = {"topology.ebs.csi.aws.com/zone": "us-east-1a", "kubernetes.io/hostname": "ip-10-0-1-23"}
+
+
+def logged_violations(out: io.StringIO) -> list[tuple[str, str, str, str]]:
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    return [
+        (line["rule"], line["party"], line["method"].rsplit("/", 1)[-1], line["field"])
+        for line in lines
+        if line["event"] == "violation"
+    ]
+
+
+async def test_enforce_rejects_a_relative_node_path_and_passes_kubelets(recorder):
+    plugin, upstream, listen = recorder
+    plugin.raw[NODE_PUBLISH] = lambda req: b""
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    out = capture_log(proxy)
+
+    def publish(target: str) -> bytes:
+        return csi(
+            "NodePublishVolumeRequest",
+            volume_id="vol-1",
+            staging_target_path=KUBELET_STAGE,
+            target_path=target,
+            volume_capability=MOUNT,
+        ).SerializeToString()
+
+    try:
+        _, err = await unary(listen, NODE_PUBLISH, publish("pods/x/mount"))
+        got, ok = await unary(listen, NODE_PUBLISH, publish(KUBELET_TARGET))
+    finally:
+        await proxy.stop(0)
+    assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith("plugproxy: csi.path-not-absolute: target_path ")
+    assert ok is None and got == b""
+    assert [s.method for s in plugin.seen] == [NODE_PUBLISH]  # only the legitimate call
+    assert plugin.seen[0].requests == [publish(KUBELET_TARGET)]
+    assert logged_violations(out) == [
+        ("csi.path-not-absolute", "co", "NodePublishVolume", "target_path")
+    ]
+
+
+async def test_enforce_rejects_bad_requirements_and_only_reports_topology_formats(recorder):
+    """A CO's own requirement structure (empty; preferred outside requisite) is enforced.
+    Topology keys and values it sends usually repeat the plugin's or an administrator's,
+    so their format is reported, from either party, and never blocks a call."""
+    plugin, upstream, listen = recorder
+    plugin.raw[CREATE] = lambda req: csi(
+        "CreateVolumeResponse",
+        volume={"volume_id": "vol-1", "accessible_topology": [{"segments": EBS}]},
+    ).SerializeToString()
+    # The plugin's node topology: a key with an upper-case prefix and an empty value.
+    bad_node = {"Topology.Example.com/zone": ""}
+    plugin.raw[NODE_GET_INFO] = lambda req: csi(
+        "NodeGetInfoResponse", node_id="node-1", accessible_topology={"segments": bad_node}
+    ).SerializeToString()
+    proxy = await start_proxy(listen, upstream, "--validation", "enforce")
+    out = capture_log(proxy)
+
+    def create(**requirement) -> bytes:
+        return csi(
+            "CreateVolumeRequest",
+            name="pvc-1",
+            volume_capabilities=[MOUNT],
+            accessibility_requirements=requirement,
+        ).SerializeToString()
+
+    zone = {"topology.kubernetes.io/zone": "us-east-1a"}
+    try:
+        rejected = [
+            (await unary(listen, CREATE, body))[1]
+            for body in (
+                create(),
+                create(requisite=[{"segments": zone}], preferred=[{"segments": EBS}]),
+            )
+        ]
+        passed = [
+            await unary(listen, CREATE, body)
+            for body in (
+                create(requisite=[{"segments": {"topology.kubernetes.io/zone": "-a"}}]),
+                create(preferred=[{"segments": {"Zone": "a", "zone": "b"}}]),
+                create(
+                    requisite=[{"segments": EBS}, {"segments": zone}],
+                    preferred=[{"segments": EBS}],
+                ),
+            )
+        ]
+        info, info_err = await unary(listen, NODE_GET_INFO, b"")
+    finally:
+        await proxy.stop(0)
+    assert all(e is not None and e.code() is grpc.StatusCode.INVALID_ARGUMENT for e in rejected)
+    assert [e.details().split(": ")[1] for e in rejected] == [
+        "csi.topology-requirement-empty",
+        "csi.topology-preferred-not-requisite",
+    ]
+    assert "accessibility_requirements.preferred[0]" in rejected[1].details()
+    assert all(err is None and got for got, err in passed)
+    assert info_err is None and info
+    assert [s.method for s in plugin.seen] == [CREATE, CREATE, CREATE, NODE_GET_INFO]
+    violations = logged_violations(out)
+    co_side = sorted(v[0] for v in violations if v[1] == "co")
+    assert co_side == [
+        "csi.topology-key-duplicate",
+        "csi.topology-preferred-not-requisite",
+        "csi.topology-requirement-empty",
+        "csi.topology-value-format",
+    ]
+    assert (
+        "csi.topology-value-format",
+        "co",
+        "CreateVolume",
+        "accessibility_requirements.requisite[0].segments[value 0]",
+    ) in violations
+    plugin_side = [v for v in violations if v[1] == "plugin"]
+    assert sorted(plugin_side) == [
+        ("csi.topology-key-format", "plugin", "NodeGetInfo", "accessible_topology.segments[key 0]"),
+        (
+            "csi.topology-value-format",
+            "plugin",
+            "NodeGetInfo",
+            "accessible_topology.segments[value 0]",
+        ),
+    ]
+
+
+async def test_get_capacity_topology_without_the_capability_is_rejected(tmp_path):
+    """GetCapacityRequest.accessible_topology "SHALL NOT be set unless" the plugin
+    advertises VOLUME_ACCESSIBILITY_CONSTRAINTS: enforced as INVALID_ARGUMENT."""
+    zone = {"segments": {"topology.fake.plugproxy.io/zone": "zone-a"}}
+    knobs = FakeKnobs(hide_capabilities={"VOLUME_ACCESSIBILITY_CONSTRAINTS"})
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce", knobs=knobs) as (
+        c,
+        proxy,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.call("GetCapacity", accessible_topology=zone)
+        assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.details().startswith(
+            "plugproxy: csi.capacity-topology-without-capability: accessible_topology "
+        )
+        await c.call("GetCapacity")  # without it: fine
+        assert co_and_plugin(proxy) == {
+            ("csi.capacity-topology-without-capability", "MUST", "co", "GetCapacity")
+        }
+    async with through_proxy("csi.v1", tmp_path, "--validation", "enforce") as (c, proxy):
+        await c.call("GetCapacity", accessible_topology=zone)  # advertised: fine
+        assert co_and_plugin(proxy) == set()

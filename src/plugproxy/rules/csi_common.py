@@ -37,8 +37,24 @@ TRANSPORT_CODES = frozenset(
 )
 
 
+# The topologies a CO sends mostly repeat what the plugin reported (NodeGetInfo, a volume's
+# accessible_topology) or an administrator wrote (StorageClass allowedTopologies): the CO
+# did not make them, so enforce mode does not reject them; both parties are reported.
+ECHOED_TOPOLOGY = (
+    "Reported, never enforced: a CO's topologies usually repeat the plugin's own or an"
+    " administrator's."
+)
+
+
 def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
     """The csi.* rule catalogue, citing ``title`` (e.g. "CSI v1.12")."""
+    topology_note = (
+        "Judged in every Topology, in requests (the CO) and responses (the plugin). The key"
+        " prefix is lower-case domain name notation."
+        if v1
+        else "Judged in every Topology, in requests (the CO) and responses (the plugin). CSI"
+        " v0.3 allows the key prefix the characters of a key name (upper case and '_')."
+    )
     rules = [
         Rule(
             "csi.required-field",
@@ -147,6 +163,71 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §CreateVolume",
             "CreateVolume sets accessibility_requirements while the plugin does not advertise"
             " the accessibility constraints capability.",
+        ),
+        Rule(
+            "csi.capacity-topology-without-capability",
+            MUST,
+            (CO,),
+            f"{title} §GetCapacity",
+            "GetCapacity sets accessible_topology while the plugin does not advertise the"
+            " accessibility constraints capability.",
+            note="The field SHALL NOT be set without the capability; enforced, like"
+            " CreateVolume's accessibility_requirements, with the §Error Scheme answer for a"
+            " field the plugin does not allow.",
+        ),
+        Rule(
+            "csi.path-not-absolute",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "A node path (staging_target_path, target_path, volume_path) the spec says MUST"
+            " be absolute is set but relative; an empty optional path is not judged.",
+            note="A Windows absolute path (drive letter or UNC) counts as absolute: kubelet"
+            " on Windows nodes passes c:\\ paths.",
+        ),
+        Rule(
+            "csi.topology-key-format",
+            MUST,
+            BOTH,
+            f"{title} §CreateVolume",
+            "A Topology key lacks its name segment, or its name or prefix is over 63"
+            " characters or uses characters or ends the spec does not allow.",
+            reject_code=None,
+            note=topology_note + " " + ECHOED_TOPOLOGY,
+        ),
+        Rule(
+            "csi.topology-key-duplicate",
+            MUST,
+            BOTH,
+            f"{title} §CreateVolume",
+            "A Topology holds two keys differing only in case (keys are case-insensitive).",
+            reject_code=None,
+            note=ECHOED_TOPOLOGY,
+        ),
+        Rule(
+            "csi.topology-value-format",
+            MUST,
+            BOTH,
+            f"{title} §CreateVolume",
+            "A Topology value is empty, over 63 characters, or not alphanumeric at both ends"
+            " with '-', '_', '.' or alphanumerics between.",
+            reject_code=None,
+            note=ECHOED_TOPOLOGY,
+        ),
+        Rule(
+            "csi.topology-requirement-empty",
+            MUST,
+            (CO,),
+            f"{title} §CreateVolume",
+            "accessibility_requirements is set with neither requisite nor preferred topologies.",
+        ),
+        Rule(
+            "csi.topology-preferred-not-requisite",
+            MUST,
+            (CO,),
+            f"{title} §CreateVolume",
+            "A preferred topology is missing from the requisite list while requisite is set"
+            " (keys compared case-insensitively).",
         ),
         Rule(
             "csi.capacity-out-of-range",
@@ -341,6 +422,23 @@ class CsiChecks:
                     f"volume_content_source.{kind} is set but the controller does not advertise"
                     f" {needed}",
                 )
+
+    def get_capacity_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        plugin = st.known_capabilities("plugin")
+        if (
+            self.has_topology
+            and plugin is not None
+            and req.HasField("accessible_topology")
+            and self.topology_capability not in plugin
+        ):
+            yield Violation(
+                cs.rule("capacity-topology-without-capability"),
+                "accessible_topology",
+                "accessible_topology is set but the plugin does not advertise"
+                f" {self.topology_capability}",
+            )
 
     def node_publish_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any

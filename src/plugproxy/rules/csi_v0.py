@@ -158,6 +158,11 @@ TABLE = SpecTable(
     repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
     plugin_name_fields=(("GetPluginInfoResponse", "name"),),
     secret_maps=_SECRETS,
+    # The five node paths each "MUST be an absolute path" in CSI v0.3 too.
+    absolute_paths=_PATHS,
+    topology_message="Topology",
+    topology_requirement_message="TopologyRequirement",
+    topology_prefix_lower=False,  # v0.3: prefix as a key name, in reverse domain notation
     non_negative=(
         ("CapacityRange", "required_bytes"),
         ("CapacityRange", "limit_bytes"),
@@ -181,9 +186,14 @@ TABLE = SpecTable(
         "NodeGetCapabilities": "node",
     },
     rpc_gates=RPC_GATES,
-    capability_needs={"CreateVolume": ("plugin", "controller"), "NodePublishVolume": ("node",)},
+    capability_needs={
+        "CreateVolume": ("plugin", "controller"),
+        "GetCapacity": ("plugin",),
+        "NodePublishVolume": ("node",),
+    },
     request_checks={
         "CreateVolume": (_checks.create_volume_request,),
+        "GetCapacity": (_checks.get_capacity_request,),
         "NodePublishVolume": (_checks.node_publish_request,),
         "NodeUnstageVolume": (_checks.node_unstage_request,),
         "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),

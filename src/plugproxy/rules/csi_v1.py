@@ -172,6 +172,19 @@ NON_NEGATIVE = (
     ("NodeGetInfoResponse", "max_volumes_per_node"),
 )
 
+# "It MUST be an absolute path in the root filesystem of the process serving this request"
+# (NodeExpandVolumeRequest.volume_path says no such thing and is not listed).
+ABSOLUTE_PATHS = (
+    ("NodeStageVolumeRequest", "staging_target_path"),
+    ("NodeUnstageVolumeRequest", "staging_target_path"),
+    ("NodePublishVolumeRequest", "staging_target_path"),
+    ("NodePublishVolumeRequest", "target_path"),
+    ("NodeUnpublishVolumeRequest", "target_path"),
+    ("NodeGetVolumeStatsRequest", "volume_path"),
+    ("NodeGetVolumeStatsRequest", "staging_target_path"),
+    ("NodeExpandVolumeRequest", "staging_target_path"),
+)
+
 _GENERAL = (
     frozenset(
         {"INVALID_ARGUMENT", "ABORTED", "UNIMPLEMENTED", "UNAUTHENTICATED", "PERMISSION_DENIED"}
@@ -268,6 +281,9 @@ TABLE = SpecTable(
         ("CreateVolumeGroupSnapshotRequest", "name"),
     ),
     non_negative=NON_NEGATIVE,
+    absolute_paths=ABSOLUTE_PATHS,
+    topology_message="Topology",
+    topology_requirement_message="TopologyRequirement",
     error_codes=ERROR_CODES,
     general_codes=_GENERAL,
     required_rpcs=frozenset({"GetPluginInfo", "GetPluginCapabilities", "Probe"}),
@@ -286,12 +302,14 @@ TABLE = SpecTable(
     rpc_gates=RPC_GATES,
     request_checks={
         "CreateVolume": (_checks.create_volume_request,),
+        "GetCapacity": (_checks.get_capacity_request,),
         "NodePublishVolume": (_checks.node_publish_request,),
         "NodeUnstageVolume": (_checks.node_unstage_request,),
         "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
     },
     capability_needs={
         "CreateVolume": ("plugin", "controller"),
+        "GetCapacity": ("plugin",),
         "NodePublishVolume": ("node",),
     },
     response_checks={

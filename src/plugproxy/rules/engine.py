@@ -15,6 +15,7 @@ table says zero is impossible (``required_nonzero``).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,15 @@ class SpecTable:
     name_fields: tuple[FieldRef, ...] = ()  # banned control characters
     secret_maps: tuple[FieldRef, ...] = ()  # besides fields tagged with the secret option
     non_negative: tuple[FieldRef, ...] = ()
+    # Paths the spec says MUST be absolute; an empty (unset) path is not judged here.
+    absolute_paths: tuple[FieldRef, ...] = ()
+    # Topology: the Topology and TopologyRequirement message names. Every field of these
+    # types, at any depth and in either direction, is found by walking the descriptors.
+    topology_message: str | None = None
+    topology_requirement_message: str | None = None
+    # Key prefix format: True for lower-case domain name notation (CSI v1), False for the
+    # characters of a key name (CSI v0.3).
+    topology_prefix_lower: bool = True
     # Family 4: error scheme. RPC name -> codes its error table lists.
     error_codes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     general_codes: frozenset[str] = frozenset()
@@ -194,6 +204,84 @@ def plugin_name_problem(name: str) -> str | None:
             return "has an empty label ('..'); domain name notation needs labels"
         if label[0] == "-" or label[-1] == "-":
             return "has a label beginning or ending with '-'; domain name notation forbids it"
+    return None
+
+
+# A path absolute in the root filesystem: "/..." or, for plugins on Windows nodes, where
+# kubelet passes "c:\\var\\lib\\kubelet\\...", a drive letter or UNC root.
+_WINDOWS_ABSOLUTE = re.compile(r"[A-Za-z]:[\\/]|\\\\")
+
+
+def is_absolute_path(path: str) -> bool:
+    return path[:1] == "/" or _WINDOWS_ABSOLUTE.match(path) is not None
+
+
+# Topology (CSI §CreateVolume, the Topology message): a key is an optional prefix and a
+# name separated by "/"; names and values are 63 characters or less, alphanumeric at both
+# ends, "-", "_", "." and alphanumerics between; a v1 prefix is lower-case domain notation.
+TOPOLOGY_MAX = 63
+_TOPOLOGY_NAME = re.compile(r"[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?")
+_TOPOLOGY_PREFIX_LOWER = re.compile(r"[a-z0-9]([-.a-z0-9]*[a-z0-9])?")
+_NAME_RULE = "must begin and end with an alphanumeric character and contain only '-', '_', '.'"
+
+
+def topology_key_problem(key: str, prefix_lower: bool = True) -> str | None:
+    """Why ``key`` is not a valid Topology key, or None. Never quotes the key."""
+    if len(key) > 2 * TOPOLOGY_MAX + 1:  # invalid anyway: not worth a cache entry
+        return _key_problem(key, prefix_lower)
+    return _cached_key_problem(key, prefix_lower)
+
+
+def _key_problem(key: str, prefix_lower: bool) -> str | None:
+    prefix, sep, name = key.rpartition("/")
+    if not name:
+        return "has no name segment (the name is REQUIRED)"
+    if len(name) > TOPOLOGY_MAX:
+        return f"has a name segment of {len(name)} characters; at most {TOPOLOGY_MAX} allowed"
+    if not _TOPOLOGY_NAME.fullmatch(name):
+        return f"has a name segment that {_NAME_RULE} and alphanumerics between"
+    if not sep:
+        return None
+    if not prefix:
+        return "has an empty prefix before '/'"
+    if len(prefix) > TOPOLOGY_MAX:
+        return f"has a prefix of {len(prefix)} characters; at most {TOPOLOGY_MAX} allowed"
+    if not prefix_lower:
+        if not _TOPOLOGY_NAME.fullmatch(prefix):
+            return f"has a prefix that {_NAME_RULE} and alphanumerics between"
+        return None
+    if not _TOPOLOGY_PREFIX_LOWER.fullmatch(prefix):
+        return (
+            "has a prefix that must begin and end with a lower-case alphanumeric character"
+            " and contain only '-', '.' and lower-case alphanumerics between"
+        )
+    for label in prefix.split("."):
+        if not label:
+            return "has a prefix with an empty label ('..'); domain name notation needs labels"
+        if label[0] == "-" or label[-1] == "-":
+            return (
+                "has a prefix label beginning or ending with '-'; domain name notation forbids it"
+            )
+    return None
+
+
+# Real clusters use a handful of keys and values: the checks are memoized, short strings only.
+_cached_key_problem = functools.lru_cache(maxsize=1024)(_key_problem)
+
+
+def topology_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid Topology value (segment), or None. Never quotes it."""
+    if len(value) > TOPOLOGY_MAX:
+        return f"is {len(value)} characters long; at most {TOPOLOGY_MAX} allowed"
+    return _cached_value_problem(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_value_problem(value: str) -> str | None:
+    if not value:
+        return "is empty; at least 1 character is needed"
+    if not _TOPOLOGY_NAME.fullmatch(value):
+        return f"{_NAME_RULE} and alphanumerics between"
     return None
 
 
@@ -455,6 +543,106 @@ def _non_negative_op(fd: FieldDescriptor, rule: Rule) -> Op:
     return plain
 
 
+def _absolute_path_op(name: str, rule: Rule) -> Op:
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        path = getattr(msg, name)
+        if path and not is_absolute_path(path):
+            out.append(
+                Violation(
+                    rule,
+                    prefix + name,
+                    f"{prefix}{name} is not an absolute path (it does not begin with '/')",
+                )
+            )
+
+    return check
+
+
+def _topology_op(
+    name: str, key_rule: Rule, duplicate_rule: Rule, value_rule: Rule, prefix_lower: bool
+) -> Op:
+    """Keys and values of a Topology's segments map; entries named by their map position."""
+
+    # Real clusters send a handful of distinct topologies: those found valid are remembered
+    # (bounded), so a repeat costs one lookup.
+    valid: set[tuple[tuple[str, str], ...]] = set()
+
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        segments = getattr(msg, name)
+        if not segments:
+            return
+        items = tuple(segments.items())
+        if items in valid:
+            return
+        before = len(out)
+        where = prefix + name
+        seen: dict[str, int] = {}
+        for i, (key, value) in enumerate(segments.items()):
+            problem = topology_key_problem(key, prefix_lower)
+            if problem is not None:
+                out.append(Violation(key_rule, f"{where}[key {i}]", f"{where}[key {i}] {problem}"))
+            folded = key.lower()
+            first = seen.setdefault(folded, i)
+            if first != i:
+                out.append(
+                    Violation(
+                        duplicate_rule,
+                        f"{where}[key {i}]",
+                        f"{where}[key {i}] and [key {first}] differ only in case; keys are"
+                        " case-insensitive",
+                    )
+                )
+            problem = topology_value_problem(value)
+            if problem is not None:
+                out.append(
+                    Violation(value_rule, f"{where}[value {i}]", f"{where}[value {i}] {problem}")
+                )
+        if len(out) == before and sum(len(k) + len(v) for k, v in items) <= 1024:
+            if len(valid) >= 256:
+                valid.clear()
+            valid.add(items)
+
+    return check
+
+
+def _topology_requirement_op(
+    requisite: str, preferred: str, segments: str, empty_rule: Rule, subset_rule: Rule
+) -> Op:
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        req = getattr(msg, requisite)
+        pref = getattr(msg, preferred)
+        if not req:
+            if not pref:
+                where = prefix[:-1]
+                out.append(
+                    Violation(
+                        empty_rule,
+                        where,
+                        f"{where or 'the TopologyRequirement'} sets neither {requisite} nor"
+                        f" {preferred}",
+                    )
+                )
+            return
+        if not pref:
+            return
+
+        def folded(t: Any) -> frozenset[tuple[str, str]]:  # keys are case-insensitive
+            return frozenset((k.lower(), v) for k, v in getattr(t, segments).items())
+
+        allowed = {folded(t) for t in req}
+        for i, t in enumerate(pref):
+            if folded(t) not in allowed:
+                out.append(
+                    Violation(
+                        subset_rule,
+                        f"{prefix}{preferred}[{i}]",
+                        f"{prefix}{preferred}[{i}] is not in {prefix}{requisite}",
+                    )
+                )
+
+    return check
+
+
 def _spread(n: int, sample: int | None) -> range | list[int]:
     """Indices to check of ``n`` elements: all, or ``sample`` spread evenly incl. the last."""
     if sample is None or n <= sample:
@@ -529,6 +717,23 @@ class _Compiler:
         self._names = self._refs(table.name_fields)
         self._secrets = self._refs(table.secret_maps)
         self._non_negative = self._refs(table.non_negative)
+        self._absolute = self._refs(table.absolute_paths)
+        for ref in self._absolute:
+            fd = self.spec.descriptor(ref[0]).fields_by_name[ref[1]]
+            if fd.type != FieldDescriptor.TYPE_STRING or fd.is_repeated:
+                raise TableError(f"{table.spec}: {ref[0]}.{ref[1]} is not a path string")
+        self._topology = self._topology_segments(table.topology_message)
+        self._requirement: tuple[str, str, str] | None = None
+        if table.topology_requirement_message is not None:
+            desc = self._desc(table.topology_requirement_message)
+            topology = self._topology[0] if self._topology else None
+            fds = [_fd(desc, n, table.spec) for n in ("requisite", "preferred")]
+            if topology is None or any(
+                not f.is_repeated or f.message_type is None or f.message_type.full_name != topology
+                for f in fds
+            ):
+                raise TableError(f"{table.spec}: {desc.full_name} does not list Topology messages")
+            self._requirement = (desc.full_name, fds[0].name, fds[1].name)
         self._nonzero = self._refs(table.required_nonzero)
         self._overrides = {self._ref(r): v for r, v in table.size_overrides.items()}
         for echo, maker in table.echoes.items():
@@ -548,6 +753,16 @@ class _Compiler:
                     if not n.startswith("oneof:"):
                         _fd(desc, n, table.spec)
                     self._required.setdefault(desc.full_name, []).append((suffix, n))
+
+    def _topology_segments(self, msg_name: str | None) -> tuple[str, str] | None:
+        """(full name, name of its map<string,string> field) of the Topology message."""
+        if msg_name is None:
+            return None
+        desc = self._desc(msg_name)
+        maps = [f.name for f in desc.fields if _is_string_map(f)]
+        if len(maps) != 1:
+            raise TableError(f"{self.table.spec}: {desc.full_name} is not a map of segments")
+        return desc.full_name, maps[0]
 
     def _desc(self, msg_name: str) -> Descriptor:
         try:
@@ -636,6 +851,8 @@ class _Compiler:
                 ops.append(_secret_keys_op(fd.name, self.rule("secret-key-format")))
             if ref in self._non_negative:
                 ops.append(_non_negative_op(fd, self.rule("negative-value")))
+            if ref in self._absolute:
+                ops.append(_absolute_path_op(fd.name, self.rule("path-not-absolute")))
             if fd.type == FieldDescriptor.TYPE_MESSAGE:
                 target = fd.message_type
                 if target is not None and _is_map(fd):
@@ -647,6 +864,27 @@ class _Compiler:
                 nested = self.compile(target)
                 if nested is not None:
                     ops.append(_nested_op(fd, nested, self.sample))
+        if self._topology is not None and key == self._topology[0]:
+            ops.append(
+                _topology_op(
+                    self._topology[1],
+                    self.rule("topology-key-format"),
+                    self.rule("topology-key-duplicate"),
+                    self.rule("topology-value-format"),
+                    t.topology_prefix_lower,
+                )
+            )
+        if self._requirement is not None and key == self._requirement[0]:
+            assert self._topology is not None
+            ops.append(
+                _topology_requirement_op(
+                    self._requirement[1],
+                    self._requirement[2],
+                    self._topology[1],
+                    self.rule("topology-requirement-empty"),
+                    self.rule("topology-preferred-not-requisite"),
+                )
+            )
         return ops
 
 
