@@ -152,23 +152,24 @@ async def test_padding_priority_ping_and_unknown_frames_from_a_raw_http2_client(
     assert plugin.last().metadata["x-custom"] == "kept"
 
 
+def _grpc_headers(path: str) -> list[tuple[str, str]]:
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+
+
 def _unary_request_bytes(path: str, payload: bytes) -> tuple[h2.connection.H2Connection, bytes]:
     """A whole unary call as a client writes it: preface, SETTINGS, HEADERS, DATA."""
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding=None)
     )
     conn.initiate_connection()
-    conn.send_headers(
-        1,
-        [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ],
-    )
+    conn.send_headers(1, _grpc_headers(path))
     conn.send_data(1, b"\x00" + len(payload).to_bytes(4, "big") + payload, end_stream=True)
     return conn, conn.data_to_send()
 
@@ -219,17 +220,7 @@ async def test_a_request_cut_inside_its_message_fails_and_never_reaches_the_plug
             h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
         conn.initiate_connection()
-        conn.send_headers(
-            1,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path),
-                (":authority", "localhost"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ],
-        )
+        conn.send_headers(1, _grpc_headers(path))
         conn.send_data(1, b"\x00\x00\x00\x00\xc8" + b"x" * 50)
         reader, writer = await asyncio.open_unix_connection(listen)
         writer.write(conn.data_to_send())
@@ -321,7 +312,7 @@ async def test_streamed_requests_are_judged_whole_and_paced_by_the_plugins_windo
     try:
         async with channel(listen) as ch:
             stream = ch.stream_unary(ECHO + "ClientStream")
-            assert await stream(requests(messages), timeout=5) == b"|".join(messages)
+            assert await stream(requests(messages), timeout=20) == b"|".join(messages)
             assert judge.sizes == [150_000] * 5
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stream(requests([b"go", b"stop", b"never"]), timeout=10)

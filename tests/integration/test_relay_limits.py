@@ -466,18 +466,7 @@ def request_block(path: str, *extra: tuple[bytes, bytes]) -> bytes:
     return hpackcodec.encode(request_headers(path, *extra))
 
 
-def hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    """RFC 7541 §5.1 integer."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+hpack_int = hpackcodec.encode_integer  # RFC 7541 §5.1
 
 
 def literal_indexed(name: bytes, value: bytes) -> bytes:

@@ -31,7 +31,7 @@ _NAME_CACHE_LIMIT = 512  # header names are few; a CO inventing names must not g
 _name_prefix: dict[bytes, bytes] = {}
 
 
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
+def encode_integer(value: int, prefix_bits: int, first: int) -> bytes:
     """RFC 7541 §5.1 integer with an N-bit prefix, OR-ed into ``first``."""
     limit = (1 << prefix_bits) - 1
     if value < limit:
@@ -50,9 +50,9 @@ def _name_bytes(name: bytes) -> bytes:
     if prefix is None:
         index = _STATIC_NAME_INDEX.get(name)
         if index is not None:
-            prefix = _integer(index, 4, 0x00)  # literal without indexing, indexed name
+            prefix = encode_integer(index, 4, 0x00)  # literal without indexing, indexed name
         else:
-            prefix = b"\x00" + _integer(len(name), 7, 0x00) + name
+            prefix = b"\x00" + encode_integer(len(name), 7, 0x00) + name
         if len(_name_prefix) < _NAME_CACHE_LIMIT:
             _name_prefix[name] = prefix
     return prefix
@@ -66,7 +66,7 @@ def encode(headers: Iterable[Header]) -> bytes:
     for name, value in headers:
         append(prefixes.get(name) or _name_bytes(name))
         size = len(value)
-        append(bytes((size,)) if size < 0x7F else _integer(size, 7, 0x00))
+        append(bytes((size,)) if size < 0x7F else encode_integer(size, 7, 0x00))
         append(value)
     return b"".join(parts)
 
