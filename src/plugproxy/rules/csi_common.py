@@ -396,19 +396,9 @@ class CsiChecks:
     def create_volume_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
-        plugin = st.known_capabilities("plugin")
-        if (
-            self.has_topology
-            and plugin is not None
-            and req.HasField("accessibility_requirements")
-            and self.topology_capability not in plugin
-        ):
-            yield Violation(
-                cs.rule("topology-requirement-without-capability"),
-                "accessibility_requirements",
-                "accessibility_requirements is set but the plugin does not advertise"
-                f" {self.topology_capability}",
-            )
+        yield from self._topology_without_capability(
+            cs, st, req, "accessibility_requirements", "topology-requirement-without-capability"
+        )
         controller = st.known_capabilities("controller")
         if controller is not None and req.HasField("volume_content_source"):
             kind = req.volume_content_source.WhichOneof("type")
@@ -426,18 +416,25 @@ class CsiChecks:
     def get_capacity_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
+        yield from self._topology_without_capability(
+            cs, st, req, "accessible_topology", "capacity-topology-without-capability"
+        )
+
+    def _topology_without_capability(
+        self, cs: CompiledSpec, st: SpecState, req: Any, field: str, rule: str
+    ) -> Iterable[Violation]:
+        """Topology in ``field`` when the plugin is known not to advertise the capability."""
         plugin = st.known_capabilities("plugin")
         if (
             self.has_topology
             and plugin is not None
-            and req.HasField("accessible_topology")
+            and req.HasField(field)
             and self.topology_capability not in plugin
         ):
             yield Violation(
-                cs.rule("capacity-topology-without-capability"),
-                "accessible_topology",
-                "accessible_topology is set but the plugin does not advertise"
-                f" {self.topology_capability}",
+                cs.rule(rule),
+                field,
+                f"{field} is set but the plugin does not advertise {self.topology_capability}",
             )
 
     def node_publish_request(
