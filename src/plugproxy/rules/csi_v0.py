@@ -12,8 +12,9 @@ and human-readable messages are advisory.
 
 from __future__ import annotations
 
+from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
 from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
-from plugproxy.rules.engine import SpecTable
+from plugproxy.rules.engine import Hooks, SpecTable, merged
 
 TITLE = "CSI v0.3"
 _checks = CsiChecks(volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS")
@@ -144,12 +145,38 @@ RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "NodeUnstageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
 }
 
+# The checks of csi_common; the families in their own modules follow (merged below).
+_BASE = Hooks(
+    rules=csi_rules(TITLE, v1=False),
+    capability_needs={
+        "CreateVolume": ("plugin", "controller"),
+        "GetCapacity": ("plugin",),
+        "NodePublishVolume": ("node",),
+    },
+    request_checks={
+        "CreateVolume": (_checks.create_volume_request,),
+        "GetCapacity": (_checks.get_capacity_request,),
+        "NodePublishVolume": (_checks.node_publish_request,),
+        "NodeUnstageVolume": (_checks.node_unstage_request,),
+        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
+    },
+    response_checks={
+        "CreateVolume": (_checks.create_volume_response,),
+        "NodeGetInfo": (_checks.node_get_info_response,),
+        "NodeGetId": (_checks.node_get_id_response,),
+        "ListVolumes": (_checks.list_response,),
+        "ListSnapshots": (_checks.list_response,),
+        "CreateSnapshot": (_checks.create_snapshot_response,),
+    },
+    on_success={k: (v,) for k, v in _checks.lifecycle_transitions().items()},
+    on_error={k: (v,) for k, v in _checks.lifecycle_errors().items()},
+)
+
 TABLE = SpecTable(
     spec="csi.v0",
     family="csi",
     title=TITLE,
     package="csi.v0",
-    rules=csi_rules(TITLE, v1=False),
     required=REQUIRED,
     required_nonzero=frozenset({("Snapshot", "created_at")}),
     size_overrides=dict.fromkeys((*_PATHS, *_MESSAGES)),
@@ -186,26 +213,10 @@ TABLE = SpecTable(
         "NodeGetCapabilities": "node",
     },
     rpc_gates=RPC_GATES,
-    capability_needs={
-        "CreateVolume": ("plugin", "controller"),
-        "GetCapacity": ("plugin",),
-        "NodePublishVolume": ("node",),
-    },
-    request_checks={
-        "CreateVolume": (_checks.create_volume_request,),
-        "GetCapacity": (_checks.get_capacity_request,),
-        "NodePublishVolume": (_checks.node_publish_request,),
-        "NodeUnstageVolume": (_checks.node_unstage_request,),
-        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
-    },
-    response_checks={
-        "CreateVolume": (_checks.create_volume_response,),
-        "NodeGetInfo": (_checks.node_get_info_response,),
-        "NodeGetId": (_checks.node_get_id_response,),
-        "ListVolumes": (_checks.list_response,),
-        "ListSnapshots": (_checks.list_response,),
-        "CreateSnapshot": (_checks.create_snapshot_response,),
-    },
-    on_success=_checks.lifecycle_transitions(),
-    on_error=_checks.lifecycle_errors(),
+    **merged(
+        _BASE,
+        csi_capabilities.hooks(TITLE, v1=False),
+        csi_consistency.hooks(TITLE, v1=False),
+        csi_responses.hooks(TITLE, v1=False),
+    ),
 )

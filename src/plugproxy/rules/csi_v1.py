@@ -16,8 +16,9 @@ advisory only (SIZE_RECOMMENDED).
 
 from __future__ import annotations
 
+from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
 from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
-from plugproxy.rules.engine import SpecTable
+from plugproxy.rules.engine import Hooks, SpecTable, merged
 
 TITLE = "CSI v1.12"
 _checks = CsiChecks(volume_id="volume_id")
@@ -262,12 +263,40 @@ RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "GetVolumeGroupSnapshot": ("group", ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)),
 }
 
+# The checks of csi_common; the families in their own modules follow (merged below).
+_BASE = Hooks(
+    rules=csi_rules(TITLE, v1=True),
+    request_checks={
+        "CreateVolume": (_checks.create_volume_request,),
+        "GetCapacity": (_checks.get_capacity_request,),
+        "NodePublishVolume": (_checks.node_publish_request,),
+        "NodeUnstageVolume": (_checks.node_unstage_request,),
+        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
+    },
+    capability_needs={
+        "CreateVolume": ("plugin", "controller"),
+        "GetCapacity": ("plugin",),
+        "NodePublishVolume": ("node",),
+    },
+    response_checks={
+        "CreateVolume": (_checks.create_volume_response,),
+        "NodeGetInfo": (_checks.node_get_info_response,),
+        "ListVolumes": (_checks.list_response,),
+        "ListSnapshots": (_checks.list_response,),
+        "CreateSnapshot": (_checks.create_snapshot_response,),
+        "ValidateVolumeCapabilities": (_checks.validate_response,),
+        "GetMetadataAllocated": (_checks.metadata_response,),
+        "GetMetadataDelta": (_checks.metadata_response,),
+    },
+    on_success={k: (v,) for k, v in _checks.lifecycle_transitions().items()},
+    on_error={k: (v,) for k, v in _checks.lifecycle_errors().items()},
+)
+
 TABLE = SpecTable(
     spec="csi.v1",
     family="csi",
     title=TITLE,
     package="csi.v1",
-    rules=csi_rules(TITLE, v1=True),
     required=REQUIRED,
     required_caveat=REQUIRED_CAVEAT,
     size_overrides=SIZE_OVERRIDES,
@@ -300,28 +329,10 @@ TABLE = SpecTable(
         "GroupControllerGetCapabilities": "group",
     },
     rpc_gates=RPC_GATES,
-    request_checks={
-        "CreateVolume": (_checks.create_volume_request,),
-        "GetCapacity": (_checks.get_capacity_request,),
-        "NodePublishVolume": (_checks.node_publish_request,),
-        "NodeUnstageVolume": (_checks.node_unstage_request,),
-        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
-    },
-    capability_needs={
-        "CreateVolume": ("plugin", "controller"),
-        "GetCapacity": ("plugin",),
-        "NodePublishVolume": ("node",),
-    },
-    response_checks={
-        "CreateVolume": (_checks.create_volume_response,),
-        "NodeGetInfo": (_checks.node_get_info_response,),
-        "ListVolumes": (_checks.list_response,),
-        "ListSnapshots": (_checks.list_response,),
-        "CreateSnapshot": (_checks.create_snapshot_response,),
-        "ValidateVolumeCapabilities": (_checks.validate_response,),
-        "GetMetadataAllocated": (_checks.metadata_response,),
-        "GetMetadataDelta": (_checks.metadata_response,),
-    },
-    on_success=_checks.lifecycle_transitions(),
-    on_error=_checks.lifecycle_errors(),
+    **merged(
+        _BASE,
+        csi_capabilities.hooks(TITLE, v1=True),
+        csi_consistency.hooks(TITLE, v1=True),
+        csi_responses.hooks(TITLE, v1=True),
+    ),
 )

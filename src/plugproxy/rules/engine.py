@@ -73,6 +73,51 @@ RequestCheck = Callable[["CompiledSpec", "SpecState", "Call", Any], Iterable[Vio
 ResponseCheck = Callable[["CompiledSpec", "SpecState", "Call", Any, Any], Iterable[Violation]]
 # After the plugin answered an error: (table, state, call, request, status code name).
 ErrorCheck = Callable[["CompiledSpec", "SpecState", "Call", Any, str], Iterable[Violation]]
+# After a successful call: (state, call, request, response-or-None).
+SuccessHook = Callable[["SpecState", "Call", Any, Any], None]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """One family of method-level checks: its rules and what it hooks per RPC.
+
+    A table is assembled from several families (:func:`merged`), each in its own module,
+    so that a family's checks, rules and state live together.
+    """
+
+    rules: tuple[Rule, ...] = ()
+    request_checks: Mapping[str, tuple[RequestCheck, ...]] = field(default_factory=dict)
+    response_checks: Mapping[str, tuple[ResponseCheck, ...]] = field(default_factory=dict)
+    on_success: Mapping[str, tuple[SuccessHook, ...]] = field(default_factory=dict)
+    on_error: Mapping[str, tuple[ErrorCheck, ...]] = field(default_factory=dict)
+    capability_needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def merged(*families: Hooks) -> dict[str, Any]:
+    """SpecTable keyword arguments joining ``families`` in order (checks run in that order)."""
+    rules: list[Rule] = []
+    out: dict[str, dict[str, tuple[Any, ...]]] = {
+        "request_checks": {},
+        "response_checks": {},
+        "on_success": {},
+        "on_error": {},
+        "capability_needs": {},
+    }
+    for family in families:
+        rules.extend(family.rules)
+        for name, per_rpc in out.items():
+            for rpc, items in getattr(family, name).items():
+                joined = per_rpc.get(rpc, ()) + tuple(items)
+                # capability kinds are a set in order; checks may repeat on purpose
+                if name == "capability_needs":
+                    joined = tuple(dict.fromkeys(joined))
+                per_rpc[rpc] = joined
+    ids = [r.id for r in rules]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"rules defined twice: {', '.join(dup)}")
+    return {"rules": tuple(rules), **out}
+
 
 # call.stage_state key: the response message being judged (a LazyMessage), set by the
 # validate stage so response checks can count a list that was sampled (plugproxy.sampling).
@@ -145,11 +190,9 @@ class SpecTable:
     request_checks: Mapping[str, tuple[RequestCheck, ...]] = field(default_factory=dict)
     response_checks: Mapping[str, tuple[ResponseCheck, ...]] = field(default_factory=dict)
     # Method-level bookkeeping after a successful call (call order state).
-    on_success: Mapping[str, Callable[[SpecState, Call, Any, Any], None]] = field(
-        default_factory=dict
-    )
+    on_success: Mapping[str, tuple[SuccessHook, ...]] = field(default_factory=dict)
     # Method-level bookkeeping and checks after the plugin answered with an error.
-    on_error: Mapping[str, ErrorCheck] = field(default_factory=dict)
+    on_error: Mapping[str, tuple[ErrorCheck, ...]] = field(default_factory=dict)
 
 
 Op = Callable[[Any, str, list[Violation]], None]

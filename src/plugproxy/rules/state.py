@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from cachetools import TTLCache
 
@@ -22,6 +23,8 @@ QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the
 # Call order faults show within minutes of the call they follow; older memory of a volume
 # nobody touched is more likely stale (another replica relayed the next step) than useful.
 LIFECYCLE_TTL = 3600.0
+
+_Part = TypeVar("_Part")
 
 
 @dataclass(slots=True)
@@ -56,6 +59,21 @@ class SpecState:
         # CreateVolume name -> (argument digest, volume id) of the last successful create.
         self.creates: TTLCache[str, tuple[bytes, str]] = TTLCache(max_volumes, lifecycle_ttl, clock)
         self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
+        self._parts: dict[type, object] = {}
+        self.max_volumes = max_volumes
+        self.lifecycle_ttl = lifecycle_ttl
+        self.clock = clock
+
+    def part(self, kind: type[_Part]) -> _Part:
+        """The memory a rule family keeps for this spec, made by ``kind(self)`` on first use.
+
+        A family module owns its state class; it bounds and expires it itself (TTLCache with
+        ``max_volumes``, ``lifecycle_ttl`` and ``clock``).
+        """
+        found = self._parts.get(kind)
+        if found is None:
+            found = self._parts[kind] = kind(self)  # type: ignore[call-arg]
+        return found  # type: ignore[return-value]
 
     # -- capabilities ---------------------------------------------------------------------
 

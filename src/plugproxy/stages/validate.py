@@ -160,8 +160,8 @@ class _Plan:
     response_checker: Any
     request_checks: tuple[Any, ...]
     response_checks: tuple[Any, ...]
-    on_success: Any
-    on_error: Any
+    on_success: tuple[Any, ...]
+    on_error: tuple[Any, ...]
     gate: tuple[str, tuple[str, ...]] | None
     needs: tuple[str, ...]  # capability kinds to know before the request checks
     capability_kind: str | None  # this RPC's response lists capabilities of that kind
@@ -263,8 +263,8 @@ class ValidateStage(Stage):
             response_checker=cs.response_checkers.get(method.response_class.DESCRIPTOR.full_name),
             request_checks=t.request_checks.get(rpc, ()),
             response_checks=t.response_checks.get(rpc, ()),
-            on_success=t.on_success.get(rpc),
-            on_error=t.on_error.get(rpc),
+            on_success=t.on_success.get(rpc, ()),
+            on_error=t.on_error.get(rpc, ()),
             gate=gate,
             needs=tuple(k for k in needs if k in t.capability_queries),
             capability_kind=t.capability_responses.get(rpc),
@@ -421,18 +421,23 @@ class ValidateStage(Stage):
         plan = self._plans[call.method.path]
         code = call.code
         if code is grpc.StatusCode.OK:
-            if plan.on_success is not None and call.request is not None:
+            if plan.on_success and call.request is not None:
                 req = call.request.message
                 if req is not None:
                     resp = call.response.message if call.response is not None else None
-                    plan.on_success(plan.state, call, req, resp)
+                    for hook in plan.on_success:
+                        hook(plan.state, call, req, resp)
             return
         if code in _NOT_JUDGED or call.details.startswith("plugproxy: "):
             return
-        if plan.on_error is not None and call.request is not None:
+        if plan.on_error and call.request is not None:
             req = call.request.message
             if req is not None:
-                found = list(plan.on_error(plan.spec, plan.state, call, req, code.name))
+                found = [
+                    v
+                    for check in plan.on_error
+                    for v in check(plan.spec, plan.state, call, req, code.name)
+                ]
                 if found:
                     self._record(plan, call, found, CO)
         self._judge_error(plan, call)

@@ -1,0 +1,357 @@
+"""The normative statements of a spec text, and the coverage matrix that answers each.
+
+A statement is one sentence of a spec's markdown that holds an RFC 2119 keyword in capitals
+(MUST, MUST NOT, SHALL, SHALL NOT, REQUIRED, SHOULD, SHOULD NOT, RECOMMENDED), in prose, a
+list item, a table row or a comment of the spec's protobuf listings. A keyword in quotes or
+backticks is a mention, not a requirement. Each statement gets a stable id from its section
+and its rank in that section (``CreateVolume.3``); statements in a protobuf listing also
+name the message or field the comment belongs to.
+
+The matrix (``spec-coverage/<spec>.toml``) gives every statement an entry: its class
+(``a`` checkable from one call, ``b`` checkable with state seen on the socket, ``c`` not
+judgeable from the socket), the party it binds, and the rules that implement it or why a
+proxy cannot judge it. tests/test_spec_coverage.py holds the two together.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SPECS = ROOT.parent / "shared" / "specs"
+MATRIX_DIR = ROOT / "spec-coverage"
+
+# spec name -> (title, spec text relative to SPECS)
+SPEC_TEXTS: dict[str, tuple[str, str]] = {
+    "csi_v1": ("CSI v1.12", "csi/spec-v1.12.0.md"),
+    "csi_v0": ("CSI v0.3", "csi/spec-v0.3.0.md"),
+    "cosi_v1alpha1": ("COSI v1alpha1", "cosi/spec-v1alpha1.md"),
+    "cmi_v1": ("CMI v1", "cmi/spec.md"),
+}
+
+_KEYWORD = re.compile(
+    r"\b(MUST NOT|MUST|SHALL NOT|SHALL|REQUIRED|SHOULD NOT|SHOULD|NOT RECOMMENDED|RECOMMENDED)\b"
+)
+_MENTION = re.compile(r"\"[^\"]*\"|`[^`]*`|“[^”]*”")
+_MUST_WORDS = {"MUST", "MUST NOT", "SHALL", "SHALL NOT", "REQUIRED"}
+_HEADING = re.compile(r"^(#+)\s+(.*)$")
+_LIST_ITEM = re.compile(r"^\s*([*-]|\d+\.)\s+")
+_PROTO_BLOCK = re.compile(r"^\s*(message|service|enum|oneof)\s+(\w+)\s*\{")
+_PROTO_RPC = re.compile(r"^\s*rpc\s+(\w+)\s*\(")
+_PROTO_FIELD = re.compile(r"^\s*(?:repeated\s+|optional\s+)?([\w.<>, ]+?)\s+(\w+)\s*=\s*\d+")
+
+CLASSES = ("a", "b", "c")
+CHECKABLE = ("a", "b")
+PARTIES = ("co", "plugin", "both", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    id: str
+    section: str
+    line: int  # 1-based line of the spec text where the sentence starts
+    level: str  # MUST or SHOULD (the strongest keyword of the sentence)
+    keywords: tuple[str, ...]
+    context: str  # message, field or RPC of a protobuf comment; "" in prose
+    text: str
+
+
+def _slug(heading: str) -> str:
+    words = re.sub(r"[^A-Za-z0-9]+", " ", heading).split()
+    return "-".join(words) or "top"
+
+
+def _keywords(sentence: str) -> tuple[str, ...]:
+    return tuple(_KEYWORD.findall(_MENTION.sub("", sentence)))
+
+
+@dataclass
+class _Paragraph:
+    line: int
+    section: str
+    context: str
+    lines: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)  # the spec line of each of ``lines``
+
+    def add(self, number: int, text: str) -> None:
+        self.lines.append(text)
+        self.numbers.append(number)
+
+    def sentences(self) -> list[tuple[int, str]]:
+        """(spec line where it starts, sentence) for each sentence of the paragraph."""
+        text, starts = "", []
+        for number, line in zip(self.numbers, self.lines, strict=True):
+            if text:
+                text += " "
+            starts.append((len(text), number))
+            text += line
+        out = []
+        for match in re.finditer(r"\S(?:.*?)(?:(?<=[.!?])(?=\s+[A-Z`\"(*])|$)", text):
+            sentence = match.group(0).strip()
+            line = max((n for offset, n in starts if offset <= match.start()), default=self.line)
+            out.append((line, sentence))
+        return out
+
+
+def _paragraphs(text: str) -> list[_Paragraph]:
+    """Prose paragraphs, list items, table rows and protobuf comment blocks, in order."""
+    out: list[_Paragraph] = []
+    section = "top"
+    current: _Paragraph | None = None
+    in_code = False
+    scopes: list[str] = []  # protobuf nesting inside a listing
+    pending: _Paragraph | None = None  # a comment block waiting for what it documents
+
+    def close() -> None:
+        nonlocal current
+        if current is not None and current.lines:
+            out.append(current)
+        current = None
+
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        if line.lstrip().startswith("```"):
+            close()
+            in_code = not in_code
+            scopes = []
+            pending = None
+            continue
+        if in_code:
+            stripped = line.strip()
+            if stripped.startswith("//"):
+                body = stripped[2:].strip()
+                if not body:  # an empty comment line ends a paragraph of the comment
+                    if pending is not None and pending.lines:
+                        out.append(pending)
+                    pending = None
+                    continue
+                if pending is None:
+                    pending = _Paragraph(number, section, ".".join(scopes))
+                pending.add(number, body)
+                continue
+            # What the comment documents names it: a field, a nested type, an RPC.
+            target = ""
+            block = _PROTO_BLOCK.match(line)
+            rpc = _PROTO_RPC.match(line)
+            decl = _PROTO_FIELD.match(line)
+            if block:
+                target = block.group(2)
+            elif rpc:
+                target = rpc.group(1)
+            elif decl:
+                target = decl.group(2)
+            if pending is not None:
+                if target:
+                    pending.context = ".".join([*scopes, target])
+                out.append(pending)
+                pending = None
+            if block and block.group(1) != "oneof":
+                scopes.append(block.group(2))
+            elif stripped.startswith("}") and scopes and not stripped.startswith("})"):
+                scopes.pop()
+            continue
+        heading = _HEADING.match(line)
+        if heading:
+            close()
+            section = heading.group(2).strip()
+            continue
+        if not line.strip():
+            close()
+            continue
+        if line.lstrip().startswith("|"):
+            close()
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            row = " / ".join(c.replace("`", "") for c in cells[:2] if c)  # condition, code
+            for cell in cells:  # each cell, one paragraph; the row names its condition
+                if cell:
+                    current = _Paragraph(number, section, row if len(cells) > 2 else "")
+                    current.add(number, cell.strip())
+                    close()
+            continue
+        if _LIST_ITEM.match(line):
+            close()
+            current = _Paragraph(number, section, "")
+            current.add(number, _LIST_ITEM.sub("", line).strip())
+            continue
+        if current is None:
+            current = _Paragraph(number, section, "")
+        current.add(number, line.strip())
+    close()
+    return out
+
+
+def extract(text: str) -> list[Statement]:
+    """Every normative sentence of ``text``, with ids unique in the spec."""
+    ranks: Counter[str] = Counter()
+    out: list[Statement] = []
+    for para in _paragraphs(text):
+        for line, sentence in para.sentences():
+            keywords = _keywords(sentence)
+            if not keywords:
+                continue
+            slug = _slug(para.section)
+            ranks[slug] += 1
+            level = "MUST" if any(k in _MUST_WORDS for k in keywords) else "SHOULD"
+            out.append(
+                Statement(
+                    id=f"{slug}.{ranks[slug]}",
+                    section=para.section.replace("`", ""),
+                    line=line,
+                    level=level,
+                    keywords=keywords,
+                    context=para.context,
+                    text=sentence,
+                )
+            )
+    return out
+
+
+def statements(spec: str) -> list[Statement]:
+    return extract((SPECS / SPEC_TEXTS[spec][1]).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """How the project answers one statement."""
+
+    id: str
+    cls: str
+    party: str
+    rules: tuple[str, ...] = ()
+    partial: str = ""  # what of the statement the rules miss; empty when fully covered
+    why: str = ""  # why a proxy cannot judge it (class c), or why it is not judged yet
+    what: str = ""  # the statement in a few words of our own
+
+    @property
+    def full(self) -> bool:
+        return self.cls in CHECKABLE and bool(self.rules) and not self.partial
+
+
+def matrix_files(spec: str) -> list[pathlib.Path]:
+    """The matrix of a spec: ``<spec>.toml``, or parts ``<spec>.<part>.toml``."""
+    return sorted(MATRIX_DIR.glob(f"{spec}.toml")) + sorted(MATRIX_DIR.glob(f"{spec}.*.toml"))
+
+
+def load_matrix(spec: str) -> dict[str, Entry]:
+    raw_entries: dict[str, dict[str, object]] = {}
+    for path in matrix_files(spec):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        for sid, raw in data.get("statements", {}).items():
+            if sid in raw_entries:
+                raise ValueError(f"{path.name}: {sid} has an entry in another part too")
+            raw_entries[sid] = raw
+    entries: dict[str, Entry] = {}
+    for sid, raw in raw_entries.items():
+        entries[sid] = Entry(
+            id=sid,
+            cls=raw.get("class", ""),
+            party=raw.get("party", ""),
+            rules=tuple(raw.get("rules", ())),  # type: ignore[arg-type]
+            partial=raw.get("partial", ""),
+            why=raw.get("why", ""),
+            what=raw.get("what", ""),
+        )
+    return entries
+
+
+def entry_problems(entry: Entry) -> list[str]:
+    """What is wrong with one entry on its own."""
+    problems = []
+    if entry.cls not in CLASSES:
+        problems.append(f"class {entry.cls!r} is not one of {', '.join(CLASSES)}")
+    if entry.party not in PARTIES:
+        problems.append(f"party {entry.party!r} is not one of {', '.join(PARTIES)}")
+    if entry.cls == "c" and entry.rules:
+        problems.append("class c (not judgeable) names rules")
+    if entry.cls == "c" and not entry.why:
+        problems.append("class c needs a why")
+    if entry.cls in CHECKABLE and not entry.rules and not entry.why:
+        problems.append("a checkable statement without rules needs a why")
+    if entry.partial and not entry.rules:
+        problems.append("partial without rules")
+    return problems
+
+
+@dataclass(frozen=True)
+class Counts:
+    statements: int
+    checkable: int
+    full: int
+    partial: int
+    missing: int
+
+    @property
+    def full_ratio(self) -> float:
+        return self.full / self.checkable if self.checkable else 1.0
+
+
+def count(entries: dict[str, Entry]) -> Counts:
+    checkable = [e for e in entries.values() if e.cls in CHECKABLE]
+    full = sum(1 for e in checkable if e.full)
+    partial = sum(1 for e in checkable if e.rules and e.partial)
+    return Counts(len(entries), len(checkable), full, partial, len(checkable) - full - partial)
+
+
+def rule_ids(spec: str) -> set[str]:
+    """The ids of the rules the spec's table holds."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from plugproxy.rules import TABLES
+
+    return {r.id for r in TABLES[spec.replace("_", ".", 1)].rules}
+
+
+def matrix_problems(spec: str, entries: dict[str, Entry] | None = None) -> list[str]:
+    """Every way the matrix and the spec text or the rule table disagree."""
+    entries = load_matrix(spec) if entries is None else entries
+    wanted = {s.id for s in statements(spec)}
+    known_rules = rule_ids(spec)
+    problems = [f"{sid}: no entry" for sid in sorted(wanted - entries.keys())]
+    problems += [f"{sid}: no such statement" for sid in sorted(entries.keys() - wanted)]
+    cited: set[str] = set()
+    for sid, entry in sorted(entries.items()):
+        problems += [f"{sid}: {p}" for p in entry_problems(entry)]
+        for rule in entry.rules:
+            cited.add(rule)
+            if rule not in known_rules:
+                problems.append(f"{sid}: unknown rule {rule}")
+    problems += [f"rule {r}: no statement names it" for r in sorted(known_rules - cited)]
+    return problems
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Normative statements and their coverage.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    listing = sub.add_parser("list", help="print the statements of a spec")
+    listing.add_argument("spec", choices=sorted(SPEC_TEXTS))
+    check = sub.add_parser("check", help="check a spec's matrix; print its counts")
+    check.add_argument("spec", choices=sorted(SPEC_TEXTS))
+    ns = parser.parse_args(argv)
+    if ns.command == "list":
+        for s in statements(ns.spec):
+            where = f" [{s.context}]" if s.context else ""
+            print(f"{s.id}\tline {s.line}\t{s.level}{where}\t{s.text}")
+        return 0
+    problems = matrix_problems(ns.spec)
+    for p in problems:
+        print(p)
+    c = count(load_matrix(ns.spec))
+    print(
+        f"{ns.spec}: {c.statements} statements, {c.checkable} checkable: {c.full} full,"
+        f" {c.partial} partial, {c.missing} missing ({c.full_ratio:.1%} full);"
+        f" {len(problems)} problem(s)"
+    )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
