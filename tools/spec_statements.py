@@ -15,13 +15,18 @@ proxy cannot judge it. tests/test_spec_coverage.py holds the two together.
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import re
+import sys
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from plugproxy.rules import TABLES  # noqa: E402
 SPECS = ROOT.parent / "shared" / "specs"
 MATRIX_DIR = ROOT / "spec-coverage"
 
@@ -298,11 +303,6 @@ def count(entries: dict[str, Entry]) -> Counts:
 
 def rule_ids(spec: str) -> set[str]:
     """The ids of the rules the spec's table holds."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "src"))
-    from plugproxy.rules import TABLES
-
     return {r.id for r in TABLES[spec.replace("_", ".", 1)].rules}
 
 
@@ -325,8 +325,6 @@ def matrix_problems(spec: str, entries: dict[str, Entry] | None = None) -> list[
 
 
 def _main(argv: list[str]) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Normative statements and their coverage.")
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser("list", help="print the statements of a spec")
@@ -352,6 +350,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(_main(sys.argv[1:]))
