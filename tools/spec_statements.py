@@ -27,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from plugproxy.rules import TABLES  # noqa: E402
+
 SPECS = ROOT.parent / "shared" / "specs"
 MATRIX_DIR = ROOT / "spec-coverage"
 
