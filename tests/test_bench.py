@@ -147,3 +147,13 @@ def test_relaycost_relays_every_call_it_prepares() -> None:
     # cost() raises SystemExit when a call did not complete (the harness went stale).
     per_call = asyncio.run(relaycost.cost(200, 8))
     assert per_call > 0
+
+
+def test_rulecost_keeps_rule_memory_within_its_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    rulecost = _load("rulecost")
+    result = asyncio.run(rulecost.measure(volumes=60, max_volumes=20))
+    assert result["calls"] == 60 * 8  # half the lifecycles stop at the repeated publish
+    assert 0 < result["volumes_tracked"] <= 20
+    assert result["us_per_call"] > 0 and result["bytes_per_tracked_volume"] > 0
+    assert asyncio.run(rulecost.main(["--volumes", "10"])) == 0
+    assert "per tracked volume" in capsys.readouterr().out

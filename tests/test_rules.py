@@ -52,7 +52,7 @@ def test_required_field_counts_match_the_specs():
         )
         for name, t in TABLES.items()
     }
-    assert counts == {"csi.v1": 83, "csi.v0": 40, "cosi.v1alpha1": 10, "cmi.v1": 16}
+    assert counts == {"csi.v1": 83, "csi.v0": 40, "cosi.v1alpha1": 10, "cmi.v1": 18}
 
 
 def test_a_table_naming_a_missing_field_fails_at_startup():
@@ -321,6 +321,22 @@ def test_plugin_name_rule_per_spec(spec, message):
     found = COMPILED[spec].check_message(bad)
     assert [(v.rule.id, v.field) for v in found] == [(f"{family}.plugin-name-format", "name")]
     assert "Fake_Plugin" not in found[0].message
+
+
+def test_csi_v0_plugin_names_may_hold_underscores():
+    """CSI v0.3 §GetPluginInfo allows '_' between; CSI v1.12 does not."""
+    v0 = msg("csi.v0", "GetPluginInfoResponse", name="com.example_csi", vendor_version="1")
+    v1 = msg("csi.v1", "GetPluginInfoResponse", name="com.example_csi", vendor_version="1")
+    assert rules_of("csi.v0", v0) == []
+    assert rules_of("csi.v1", v1) == [("csi.plugin-name-format", "name")]
+    assert plugin_name_problem("_com.example", underscores=True) is not None
+
+
+def test_csi_v0_max_volumes_per_node_is_not_negative():
+    """CSI v0.3 §NodeGetInfo: the plugin MUST NOT set a negative max_volumes_per_node."""
+    bad = msg("csi.v0", "NodeGetInfoResponse", node_id="n", max_volumes_per_node=-1)
+    assert rules_of("csi.v0", bad) == [("csi.negative-value", "max_volumes_per_node")]
+    assert rules_of("csi.v0", msg("csi.v0", "NodeGetInfoResponse", node_id="n")) == []
 
 
 def test_banned_control_characters_in_names():

@@ -714,6 +714,7 @@ async def test_cmi_capabilities_follow_the_proto_numbers_and_say_so(tmp_path):
         caps = await c.call("GetPluginCapabilities")
         assert 4 in {cap.rpc.type for cap in caps.capabilities}  # LIST_MACHINES on the wire
         spec = b'{"vmPool": "p", "size": "small", "tags": {}}'
+        await c.call("CreateMachine", MachineName="m", ProviderSpec=spec)  # a non-empty listing
         await c.call("ListMachines", ProviderSpec=spec)  # advertised as 4: nothing to say
         await c.call("ShutDownMachine", MachineName="m", ProviderSpec=spec)  # passes
         (entry,) = stage_of(proxy).report.snapshot()

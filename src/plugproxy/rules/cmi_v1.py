@@ -1,9 +1,10 @@
 """Rule table of CMI v1 (package cmi.v1).
 
-REQUIRED fields: the spec's 18 "This field is REQUIRED" less two whose literal reading
-would flag every empty listing (``ListMachinesResponse.MachineList`` and
-``GetVolumeIDsResponse.VolumeIDs``: a provider with no machines, or PV specs with no
-volumes of the provider, have nothing to list). ``ProviderSpec`` is bytes: empty is missing.
+REQUIRED fields: the spec's 18 "This field is REQUIRED". Two of them are judged as the
+advisory ``cmi.required-field-caveat``, since their literal reading would flag every empty
+listing (``ListMachinesResponse.MachineList`` and ``GetVolumeIDsResponse.VolumeIDs``: a
+provider with no machines, or PV specs with no volumes of the provider, have nothing to
+list). ``ProviderSpec`` is bytes: empty is missing.
 CMI's error tables list every gRPC code for each Machine RPC, so no code is unexpected.
 
 Capability enum numbers: the spec text's listing of ``Capability.RPC.Type`` swaps two
@@ -11,12 +12,19 @@ values against the spec's own proto (text: SHUTDOWN_MACHINE = 4, LIST_MACHINE = 
 LIST_MACHINES = 4, SHUTDOWN_MACHINE = 5). Plugins are built from the proto and the wire
 carries numbers, so the proxy reads them as the proto does; messages naming either value
 say so.
+
+Machine idempotency and capability stability (family K) are judged on what this proxy saw,
+in bounded expiring memory (:class:`MachineMemory`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from cachetools import TTLCache
 
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
@@ -128,6 +136,73 @@ RULES = (
         f"{TITLE} §GetPluginCapabilities",
         "GetPluginCapabilities omits CREATE_MACHINE or DELETE_MACHINE.",
     ),
+    Rule(
+        "cmi.required-field-caveat",
+        SHOULD,
+        (PLUGIN,),
+        f"{TITLE} §{{rpc}}",
+        "A REQUIRED listing is empty: ListMachines' MachineList or GetVolumeIDs' VolumeIDs"
+        " (advisory).",
+        reject_code=None,
+        note='Both are marked REQUIRED and a REQUIRED map or repeated field "MUST contain'
+        ' at least 1 element" (§Field Requirements), but an empty inventory is a real'
+        " answer: a provider without machines of the ProviderSpec's cluster, PV specs without"
+        " a volume of this provider (§GetVolumeIDs lets the plugin skip PVs whose id it cannot"
+        " find). Reported as advice, never as a MUST.",
+    ),
+    Rule(
+        "cmi.secret-value-format",
+        MUST,
+        (CO,),
+        f"{TITLE} §Secrets Requirements",
+        "A Secrets map value is not a valid (UTF-8) string.",
+        reject_code=None,
+        note='§Secrets Requirements: "Each value MUST contain a valid string"; binary data'
+        " is to be carried in a binary-to-text encoding such as base64. The proto types the"
+        " values as bytes, so a raw binary value reaches the wire; it is read as UTF-8 like a"
+        " proto3 string. Reported only: the client passes Kubernetes Secret data through"
+        " unchanged, and the plugin may accept it.",
+    ),
+    Rule(
+        "cmi.create-not-idempotent",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §CreateMachine",
+        "A repeated CreateMachine with the same MachineName and ProviderSpec returns another"
+        " ProviderID or NodeName.",
+        reject_code=None,
+        note='§CreateMachine: "This operation MUST be idempotent"; an existing compatible'
+        ' VM gets OK "with the corresponding CreateMachineResponse". Judged against the'
+        " last successful create of that MachineName this proxy saw within the hour;"
+        " Secrets (rotated) and LastKnownState (the plugin's own state, passed back) do not"
+        " make another request. Forgotten once a DeleteMachine of the name is sent or"
+        " GetMachineStatus answers NOT_FOUND (the VM is gone, a new one is legitimate);"
+        " GetMachineStatus' answer replaces the ids remembered.",
+    ),
+    Rule(
+        "cmi.delete-not-idempotent",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §DeleteMachine",
+        "DeleteMachine is answered NOT_FOUND; a VM that does not exist MUST get 0 OK.",
+        reject_code=None,
+        note="§DeleteMachine: a VM that does not exist, or whose artifacts are gone, MUST get"
+        " 0 OK; the NOT_FOUND row of its error table is empty. Judged on the answer alone:"
+        " NOT_FOUND can only mean something is absent.",
+    ),
+    Rule(
+        "cmi.capabilities-changed",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §GetPluginCapabilities",
+        "GetPluginCapabilities answers another set of capabilities while GetPluginInfo's name"
+        " and version stayed the same.",
+        reject_code=None,
+        note='"All CMI-Plugins of the same version [...] SHALL return the same set of'
+        ' capabilities." A capabilities answer counts for a version only when GetPluginInfo'
+        " answered that name and version both before and after it, so a plugin upgraded"
+        " between two calls is never flagged; judged when the second GetPluginInfo answers.",
+    ),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -154,6 +229,182 @@ def _required_capabilities(
             "capabilities",
             f"capabilities lacks {' and '.join(missing)}, which every plugin provides",
         )
+
+
+# -- family K: machines and capabilities ------------------------------------------------------
+
+_PENDING_MAX = 8  # distinct capability answers kept between two GetPluginInfo answers
+
+
+def _digest(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(len(part).to_bytes(4, "big"))
+        h.update(part)
+    return h.digest()
+
+
+def _ago(seconds: float) -> str:
+    return f"{max(seconds, 0.0):.0f}s ago"
+
+
+@dataclass(slots=True)
+class _Machine:
+    spec: bytes  # digest of the ProviderSpec
+    provider_id: bytes  # digests: the ids are compared, never kept or quoted
+    node_name: bytes
+    when: float
+    by: str  # the RPC that answered these ids
+
+
+@dataclass(slots=True)
+class _Pinned:
+    capabilities: frozenset[str]
+    when: float
+
+
+class MachineMemory:
+    """What this proxy saw of machines and of the plugin's identity, bounded and expiring."""
+
+    def __init__(self, st: SpecState) -> None:
+        # MachineName -> the VM ids last answered for it (CreateMachine, GetMachineStatus)
+        self.machines: TTLCache[str, _Machine] = TTLCache(
+            st.max_volumes, st.lifecycle_ttl, st.clock
+        )
+        # the last GetPluginInfo answer: (digest of name and version, when)
+        self.info: tuple[bytes, float] | None = None
+        # capability answers since that GetPluginInfo answer, not yet confirmed by the next
+        self.pending: list[tuple[frozenset[str], float]] = []
+        # name and version digest -> the capabilities answered while at that version
+        self.pinned: TTLCache[bytes, _Pinned] = TTLCache(16, st.lifecycle_ttl, st.clock)
+        self.ttl = st.lifecycle_ttl
+
+
+def _machine_ids(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    if not req.MachineName or not resp.ProviderID:
+        return
+    mem = st.part(MachineMemory)
+    now = st.clock()
+    spec = _digest(req.ProviderSpec)
+    provider_id, node_name = _digest(resp.ProviderID.encode()), _digest(resp.NodeName.encode())
+    prev = mem.machines.get(req.MachineName)
+    if call.method.name == "CreateMachine" and prev is not None and prev.spec == spec:
+        differ = [
+            name
+            for name, now_id, before in (
+                ("ProviderID", provider_id, prev.provider_id),
+                ("NodeName", node_name, prev.node_name),
+            )
+            if now_id != before
+        ]
+        if differ:
+            yield Violation(
+                cs.rule("create-not-idempotent"),
+                differ[0],
+                f"CreateMachine repeated with the same MachineName and ProviderSpec returned"
+                f" another {' and '.join(differ)} than {prev.by} answered"
+                f" {_ago(now - prev.when)}",
+            )
+    if call.method.name == "GetMachineStatus" and prev is not None:
+        spec = prev.spec  # a status names the VM; the ProviderSpec of its create still holds
+    mem.machines[req.MachineName] = _Machine(spec, provider_id, node_name, now, call.method.name)
+
+
+def _forget_machine(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    # Once a delete is on its way, a later create of the name may make a new VM.
+    if req.MachineName:
+        st.part(MachineMemory).machines.pop(req.MachineName, None)
+    return ()
+
+
+def _status_error(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code == "NOT_FOUND" and req.MachineName:  # the VM is gone: a new one is legitimate
+        st.part(MachineMemory).machines.pop(req.MachineName, None)
+    return ()
+
+
+def _delete_error(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code == "NOT_FOUND":
+        yield Violation(
+            cs.rule("delete-not-idempotent"),
+            "",
+            "DeleteMachine answered NOT_FOUND; a VM that does not exist (anymore) MUST get 0 OK",
+            party=PLUGIN,
+        )
+
+
+def _secret_values(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    secrets = req.Secrets
+    if not secrets:
+        return
+    bad = 0
+    for value in secrets.values():
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            bad += 1
+    if bad:
+        yield Violation(
+            cs.rule("secret-value-format"),
+            "Secrets",
+            f"Secrets: {bad} of {len(secrets)} values are not valid UTF-8 strings (binary"
+            " data is to be sent in a binary-to-text encoding such as base64)",
+        )
+
+
+def _plugin_info(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    mem = st.part(MachineMemory)
+    now = st.clock()
+    key = _digest(resp.name.encode(), resp.version.encode())
+    pending, mem.pending = mem.pending, []
+    last, mem.info = mem.info, (key, now)
+    if last is None or last[0] != key or now - last[1] > mem.ttl:
+        return  # first answer, another version, or too long ago: nothing to compare yet
+    # Every pending answer came between two answers of this name and version.
+    for caps, when in pending:
+        pinned = mem.pinned.get(key)
+        if pinned is None:
+            mem.pinned[key] = _Pinned(caps, when)
+            continue
+        if caps != pinned.capabilities:
+            added = sorted(caps - pinned.capabilities)
+            lacks = sorted(pinned.capabilities - caps)
+            change = "; ".join(
+                part
+                for part in (
+                    f"adds {', '.join(added)}" if added else "",
+                    f"lacks {', '.join(lacks)}" if lacks else "",
+                )
+                if part
+            )
+            yield Violation(
+                cs.rule("capabilities-changed"),
+                "capabilities",
+                f"GetPluginCapabilities answered {_ago(now - when)} another set than"
+                f" {_ago(now - pinned.when)} ({change}) while GetPluginInfo's name and version"
+                " stayed the same",
+            )
+        mem.pinned[key] = _Pinned(caps, when)  # compare the next answer with the latest
+
+
+def _plugin_capabilities(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    mem = st.part(MachineMemory)
+    if mem.info is None:
+        return ()
+    caps = capability_names(resp)
+    if all(caps != c for c, _ in mem.pending) and len(mem.pending) < _PENDING_MAX:
+        mem.pending.append((caps, st.clock()))
+    return ()
 
 
 TABLE = SpecTable(
@@ -188,5 +439,22 @@ TABLE = SpecTable(
     # A listing of every machine (§ListMachines) as map<ProviderID, MachineName>: each
     # ProviderID is judged as the string the plugin made; MachineName came from the client.
     map_key_limits={("ListMachinesResponse", "MachineList"): 128},
-    response_checks={"GetPluginCapabilities": (_required_capabilities,)},
+    required_caveat={
+        "ListMachinesResponse": ("MachineList",),
+        "GetVolumeIDsResponse": ("VolumeIDs",),
+    },
+    response_checks={
+        "GetPluginCapabilities": (_required_capabilities, _plugin_capabilities),
+        "GetPluginInfo": (_plugin_info,),
+        "CreateMachine": (_machine_ids,),
+        "GetMachineStatus": (_machine_ids,),
+    },
+    request_checks={
+        "CreateMachine": (_secret_values,),
+        "DeleteMachine": (_forget_machine, _secret_values),
+        "GetMachineStatus": (_secret_values,),
+        "ShutDownMachine": (_secret_values,),
+        "ListMachines": (_secret_values,),
+    },
+    on_error={"GetMachineStatus": (_status_error,), "DeleteMachine": (_delete_error,)},
 )

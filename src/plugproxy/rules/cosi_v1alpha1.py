@@ -5,12 +5,20 @@ REQUIRED fields: the 11 "This field is REQUIRED" of the spec's messages; one of 
 marked REQUIRED), so 10 distinct fields are checked. ``authentication_type`` is an enum:
 0 (UnknownAuthenticationType) counts as missing. The credential detail maps are plugin
 secrets: their keys follow COSI §Secrets Requirements.
+
+Bucket idempotency (family K) is judged on what this proxy saw, in bounded expiring memory
+(:class:`BucketMemory`): a repeated DriverCreateBucket against the create it repeats, and a
+DriverDeleteBucket error against the bucket it was seen to exist or to be deleted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from cachetools import TTLCache
 
 from plugproxy.rules.csi_common import TRANSPORT_CODES
 from plugproxy.rules.engine import (
@@ -114,6 +122,49 @@ RULES = (
         f"{TITLE} §DriverCreateBucket",
         "DriverCreateBucket succeeds without the bucket_id every later call REQUIRES.",
     ),
+    Rule(
+        "cosi.create-not-idempotent",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §DriverCreateBucket",
+        "A repeated DriverCreateBucket with the same name and parameters returns another"
+        " bucket_id.",
+        reject_code=None,
+        note='§DriverCreateBucket: "This operation MUST be idempotent" and the Provisioner'
+        ' service comment: a bucket matching name and parameters gets OK "with the'
+        ' corresponding DriverCreateBucketResponse". Judged against the last successful'
+        " create of that name this proxy saw within the hour, forgotten once a"
+        " DriverDeleteBucket of its bucket_id is sent.",
+    ),
+    Rule(
+        "cosi.create-conflict-accepted",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §DriverCreateBucket",
+        "DriverCreateBucket of a name created with other parameters is answered OK instead of"
+        " ALREADY_EXISTS.",
+        reject_code=None,
+        note='The Provisioner service comment: a bucket "by same name, but different'
+        ' parameters" MUST get ALREADY_EXISTS (the prose\'s "compatible with the specified'
+        ' attributes" is read through it: parameters are the only attributes a'
+        " DriverCreateBucketRequest carries). Judged against the last successful create of"
+        " that name this proxy saw within the hour, forgotten once a DriverDeleteBucket of"
+        " its bucket_id is sent; a delete through another socket is not seen.",
+    ),
+    Rule(
+        "cosi.delete-not-idempotent",
+        SHOULD,
+        (PLUGIN,),
+        f"{TITLE} §DriverDeleteBucket",
+        "DriverDeleteBucket of a bucket already deleted is answered with an error.",
+        reject_code=None,
+        note='The Provisioner service comment: "If the bucket has already been deleted,'
+        ' then no error should be returned." Judged only for bucket ids this proxy saw'
+        " exist (returned by DriverCreateBucket) or deleted within the hour: NOT_FOUND for"
+        " such a bucket means it is gone; a definite error (INVALID_ARGUMENT,"
+        " FAILED_PRECONDITION, ALREADY_EXISTS, OUT_OF_RANGE) counts after a successful"
+        " delete repeated with the same delete_context. Transient errors are not judged.",
+    ),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -135,6 +186,129 @@ def _bucket_id(
             "bucket_id",
             "bucket_id is empty; DriverDeleteBucket and DriverGrantBucketAccess REQUIRE it",
         )
+
+
+# -- family K: bucket idempotency ------------------------------------------------------------
+
+# Errors that say something about the bucket rather than about the moment (transient
+# errors, permissions and credentials, which a plugin may answer before it can look).
+_DEFINITE = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS", "OUT_OF_RANGE"})
+
+
+def _map_digest(m: Mapping[str, str]) -> bytes:
+    """A digest of a string map, independent of order; values are never kept."""
+    h = hashlib.blake2b(digest_size=16)
+    for key in sorted(m):
+        for part in (key.encode(), m[key].encode()):
+            h.update(len(part).to_bytes(4, "big"))
+            h.update(part)
+    return h.digest()
+
+
+def _ago(seconds: float) -> str:
+    return f"{max(seconds, 0.0):.0f}s ago"
+
+
+@dataclass(slots=True)
+class _Created:
+    parameters: bytes  # digest of the request's parameters
+    bucket_id: str
+    when: float
+
+
+@dataclass(slots=True)
+class _Seen:
+    name: str  # the DriverCreateBucket name that returned this id ("" when unknown)
+    deleted: bool  # False: returned by DriverCreateBucket; True: deleted successfully
+    when: float
+    context: bytes = b""  # digest of the successful delete's delete_context
+
+
+class BucketMemory:
+    """What this proxy saw of buckets, bounded and forgotten after an hour untouched."""
+
+    def __init__(self, st: SpecState) -> None:
+        # bucket name -> its last successful DriverCreateBucket
+        self.created: TTLCache[str, _Created] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
+        # bucket_id -> seen existing or deleted
+        self.seen: TTLCache[str, _Seen] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
+        self.clock = st.clock
+
+
+def _create_idempotent(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    name, bucket_id = req.name, resp.bucket_id
+    if not name or not bucket_id:
+        return
+    mem = st.part(BucketMemory)
+    now = mem.clock()
+    params = _map_digest(req.parameters)
+    prev = mem.created.get(name)
+    if prev is not None and prev.parameters != params:
+        yield Violation(
+            cs.rule("create-conflict-accepted"),
+            "parameters",
+            "DriverCreateBucket answered OK for a name DriverCreateBucket created"
+            f" {_ago(now - prev.when)} with other parameters (parameters differ); a bucket of"
+            " the same name with different parameters MUST get ALREADY_EXISTS",
+        )
+        return  # the bucket stays the one created first
+    if prev is not None and prev.bucket_id != bucket_id:
+        yield Violation(
+            cs.rule("create-not-idempotent"),
+            "bucket_id",
+            "DriverCreateBucket repeated with the same name and parameters returned another"
+            f" bucket_id than it returned {_ago(now - prev.when)}",
+        )
+    mem.created[name] = _Created(params, bucket_id, now)
+    mem.seen[bucket_id] = _Seen(name, False, now)
+
+
+def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    # Once a delete is on its way, a later create of the name may make a new bucket.
+    mem = st.part(BucketMemory)
+    seen = mem.seen.get(req.bucket_id)
+    if seen is not None and seen.name:
+        created = mem.created.get(seen.name)
+        if created is not None and created.bucket_id == req.bucket_id:
+            del mem.created[seen.name]
+    return ()
+
+
+def _deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    if req.bucket_id:
+        mem = st.part(BucketMemory)
+        mem.seen[req.bucket_id] = _Seen("", True, mem.clock(), _map_digest(req.delete_context))
+
+
+def _delete_error(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code != "NOT_FOUND" and code not in _DEFINITE:
+        return
+    mem = st.part(BucketMemory)
+    seen = mem.seen.get(req.bucket_id)
+    if seen is None:
+        return  # a bucket this proxy never saw: unknown history
+    ago = _ago(mem.clock() - seen.when)
+    if code == "NOT_FOUND":
+        what = (
+            f"DriverDeleteBucket deleted it {ago}"
+            if seen.deleted
+            else f"DriverCreateBucket returned it {ago}, so it existed"
+        )
+    elif seen.deleted and seen.context == _map_digest(req.delete_context):
+        what = f"DriverDeleteBucket with the same delete_context deleted it {ago}"
+    else:
+        return
+    yield Violation(
+        cs.rule("delete-not-idempotent"),
+        "bucket_id",
+        f"DriverDeleteBucket answered {code} for a bucket already deleted ({what}); no error"
+        " should be returned",
+        party=PLUGIN,
+    )
 
 
 TABLE = SpecTable(
@@ -175,5 +349,8 @@ TABLE = SpecTable(
             "account_id",
         ),
     },
-    response_checks={"DriverCreateBucket": (_bucket_id,)},
+    response_checks={"DriverCreateBucket": (_bucket_id, _create_idempotent)},
+    request_checks={"DriverDeleteBucket": (_delete_sent,)},
+    on_success={"DriverDeleteBucket": (_deleted,)},
+    on_error={"DriverDeleteBucket": (_delete_error,)},
 )

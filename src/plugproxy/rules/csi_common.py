@@ -64,13 +64,6 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             "A field the spec marks REQUIRED is missing (empty, absent, or no oneof member).",
         ),
         Rule(
-            "csi.required-field-caveat",
-            SHOULD,
-            (CO,),
-            f"{title} §{{rpc}}",
-            "A REQUIRED field is missing whose caveat lets the plugin do without it (advisory).",
-        ),
-        Rule(
             "csi.size-limit",
             MUST,
             BOTH,
@@ -87,13 +80,6 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             (PLUGIN,),
             f"{title} §GetPluginInfo",
             "The plugin name is not 63 characters or less in domain name notation.",
-        ),
-        Rule(
-            "csi.name-banned-characters",
-            MUST,
-            (CO,),
-            f"{title} §{{rpc}}",
-            "A CreateVolume/CreateSnapshot name contains a banned control character.",
         ),
         Rule(
             "csi.secret-key-format",
@@ -307,8 +293,22 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " plugins exceed 128 bytes.",
         ),
     ]
-    if v1:
+    if v1:  # CSI v0.3 has no caveated REQUIRED fields and no rule on name characters
         rules += [
+            Rule(
+                "csi.required-field-caveat",
+                SHOULD,
+                (CO,),
+                f"{title} §{{rpc}}",
+                "A REQUIRED field is missing whose caveat lets the plugin do without it (advisory).",
+            ),
+            Rule(
+                "csi.name-banned-characters",
+                MUST,
+                (CO,),
+                f"{title} §{{rpc}}",
+                "A CreateVolume/CreateSnapshot name contains a banned control character.",
+            ),
             Rule(
                 "csi.validate-confirmed-mismatch",
                 MUST,

@@ -184,6 +184,7 @@ TABLE = SpecTable(
     echoes=ECHOES,
     repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
     plugin_name_fields=(("GetPluginInfoResponse", "name"),),
+    plugin_name_underscores=True,  # §GetPluginInfo: "dashes (-), underscores (_), dots (.)"
     secret_maps=_SECRETS,
     # The five node paths each "MUST be an absolute path" in CSI v0.3 too.
     absolute_paths=_PATHS,
@@ -198,6 +199,7 @@ TABLE = SpecTable(
         ("GetCapacityResponse", "available_capacity"),
         ("Snapshot", "size_bytes"),
         ("ListSnapshotsRequest", "max_entries"),
+        ("NodeGetInfoResponse", "max_volumes_per_node"),
     ),
     error_codes=ERROR_CODES,
     general_codes=_GENERAL,

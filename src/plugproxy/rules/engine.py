@@ -160,6 +160,7 @@ class SpecTable:
     map_key_limits: Mapping[FieldRef, int] = field(default_factory=dict)
     # Family 3: formats.
     plugin_name_fields: tuple[FieldRef, ...] = ()
+    plugin_name_underscores: bool = False  # CSI v0.3 allows '_' in plugin names
     name_fields: tuple[FieldRef, ...] = ()  # banned control characters
     secret_maps: tuple[FieldRef, ...] = ()  # besides fields tagged with the secret option
     non_negative: tuple[FieldRef, ...] = ()
@@ -226,21 +227,25 @@ class CompiledSpec:
 # alphanumerics between; domain name notation (no empty label, labels not starting or
 # ending with a dash).
 _NAME_CHARS = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+# CSI v0.3 also allows underscores between (reverse domain name notation).
+_NAME_CHARS_UNDERSCORE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _BANNED = re.compile("[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]")
 _SECRET_KEY = re.compile(r"[A-Za-z0-9_.-]+")
 NAME_MAX = 63
 
 
-def plugin_name_problem(name: str) -> str | None:
+def plugin_name_problem(name: str, underscores: bool = False) -> str | None:
     """Why ``name`` is not a valid plugin name, or None. Never quotes the name."""
     if not name:
         return None  # missing: the required-field rule reports it
     if len(name) > NAME_MAX:
         return f"is {len(name)} characters long; at most {NAME_MAX} allowed"
-    if not _NAME_CHARS.fullmatch(name):
+    chars = _NAME_CHARS_UNDERSCORE if underscores else _NAME_CHARS
+    if not chars.fullmatch(name):
+        between = "'-', '_' and '.'" if underscores else "'-' and '.'"
         return (
             "must begin and end with an alphanumeric character and contain only"
-            " alphanumerics, '-' and '.' between"
+            f" alphanumerics, {between} between"
         )
     for label in name.split("."):
         if not label:
@@ -526,9 +531,9 @@ def _repeated_total_op(name: str, limit: int, rule: Rule) -> Op:
     return total
 
 
-def _plugin_name_op(name: str, rule: Rule) -> Op:
+def _plugin_name_op(name: str, rule: Rule, underscores: bool) -> Op:
     def check(msg: Any, prefix: str, out: list[Violation]) -> None:
-        problem = plugin_name_problem(getattr(msg, name))
+        problem = plugin_name_problem(getattr(msg, name), underscores)
         if problem is not None:
             out.append(Violation(rule, prefix + name, f"{prefix}{name} {problem}"))
 
@@ -879,7 +884,13 @@ class _Compiler:
                         )
                     )
                 if ref in self._plugin_names:
-                    ops.append(_plugin_name_op(fd.name, self.rule("plugin-name-format")))
+                    ops.append(
+                        _plugin_name_op(
+                            fd.name,
+                            self.rule("plugin-name-format"),
+                            self.table.plugin_name_underscores,
+                        )
+                    )
                 if ref in self._names:
                     ops.append(_banned_chars_op(fd.name, self.rule("name-banned-characters")))
             elif _is_string_map(fd):
