@@ -78,7 +78,7 @@ class SpecState:
     # -- capabilities ---------------------------------------------------------------------
 
     def set_capabilities(self, kind: str, names: frozenset[str]) -> None:
-        self._capabilities[kind] = (names, time.monotonic() + self._ttl)
+        self._capabilities[kind] = (names, self.clock() + self._ttl)
         self._query_failed.pop(kind, None)
 
     def known_capabilities(self, kind: str) -> frozenset[str] | None:
@@ -86,17 +86,17 @@ class SpecState:
         entry = self._capabilities.get(kind)
         if entry is None:
             return None
-        if entry[1] < time.monotonic():
+        if entry[1] < self.clock():
             del self._capabilities[kind]
             return None
         return entry[0]
 
     def may_query(self, kind: str) -> bool:
         failed = self._query_failed.get(kind)
-        return failed is None or time.monotonic() - failed > QUERY_RETRY
+        return failed is None or self.clock() - failed > QUERY_RETRY
 
     def query_failed(self, kind: str) -> None:
-        self._query_failed[kind] = time.monotonic()
+        self._query_failed[kind] = self.clock()
 
     # -- lifecycle ------------------------------------------------------------------------
 
