@@ -50,7 +50,11 @@ LOWER_CASE_SPANS: dict[str, tuple[tuple[int, int], ...]] = {
     "cosi_v1alpha1": ((180, 200),),  # the Provisioner service's comments
 }
 _LOWER_KEYWORD = re.compile(r"\b(must not|must|shall not|shall|should not|should)\b")
-_MENTION = re.compile(r"\"[^\"]*\"|`[^`]*`|“[^”]*”")
+# A keyword in quotes or backticks is named, not required ("MUST", `REQUIRED`).
+_MENTION = re.compile(
+    r"[\"`“]\s*(?:MUST NOT|MUST|SHALL NOT|SHALL|REQUIRED|SHOULD NOT|SHOULD|NOT RECOMMENDED"
+    r"|RECOMMENDED|MAY|OPTIONAL)\s*[\"`”]"
+)
 _MUST_WORDS = {"MUST", "MUST NOT", "SHALL", "SHALL NOT", "REQUIRED"}
 _HEADING = re.compile(r"^(#+)\s+(.*)$")
 _LIST_ITEM = re.compile(r"^\s*([*-]|\d+\.)\s+")
@@ -104,7 +108,7 @@ class _Paragraph:
             starts.append((len(text), number))
             text += line
         out = []
-        for match in re.finditer(r"\S(?:.*?)(?:(?<=[.!?])(?=\s+[A-Z`\"(*])|$)", text):
+        for match in re.finditer(r"\S(?:.*?)(?:(?<=[.!?])(?<!e\.g\.)(?<!i\.e\.)(?=\s+[A-Z`\"(*])|$)", text):
             sentence = match.group(0).strip()
             line = max((n for offset, n in starts if offset <= match.start()), default=self.line)
             out.append((line, sentence))
