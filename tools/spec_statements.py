@@ -56,6 +56,8 @@ _MENTION = re.compile(
     r"|RECOMMENDED|MAY|OPTIONAL)\s*[\"`”]"
 )
 _MUST_WORDS = {"MUST", "MUST NOT", "SHALL", "SHALL NOT", "REQUIRED"}
+# A sentence ends at '.', '!' or '?' before a capital, a quote or a bracket; "e.g." does not.
+_SENTENCE = re.compile(r"\S(?:.*?)(?:(?<=[.!?])(?<!e\.g\.)(?<!i\.e\.)(?=\s+[A-Z`\"(*])|$)")
 _HEADING = re.compile(r"^(#+)\s+(.*)$")
 _LIST_ITEM = re.compile(r"^\s*([*-]|\d+\.)\s+")
 _PROTO_BLOCK = re.compile(r"^\s*(message|service|enum|oneof)\s+(\w+)\s*\{")
@@ -108,7 +110,7 @@ class _Paragraph:
             starts.append((len(text), number))
             text += line
         out = []
-        for match in re.finditer(r"\S(?:.*?)(?:(?<=[.!?])(?<!e\.g\.)(?<!i\.e\.)(?=\s+[A-Z`\"(*])|$)", text):
+        for match in _SENTENCE.finditer(text):
             sentence = match.group(0).strip()
             line = max((n for offset, n in starts if offset <= match.start()), default=self.line)
             out.append((line, sentence))
@@ -358,8 +360,8 @@ def matrix_problems(spec: str, entries: dict[str, Entry] | None = None) -> list[
             if rule not in known_rules:
                 problems.append(f"{sid}: unknown rule {rule}")
     unstated = unstated_rules(spec)
-    problems += [f"unstated rule {r}: unknown rule" for r in sorted(unstated.keys() - known_rules)]
-    problems += [f"unstated rule {r}: a statement names it" for r in sorted(unstated.keys() & cited)]
+    problems += [f"unstated {r}: unknown rule" for r in sorted(unstated.keys() - known_rules)]
+    problems += [f"unstated {r}: a statement names it" for r in sorted(unstated.keys() & cited)]
     named = cited | unstated.keys()
     problems += [f"rule {r}: no statement names it" for r in sorted(known_rules - named)]
     return problems

@@ -219,8 +219,16 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             "csi.capacity-out-of-range",
             MUST,
             (PLUGIN,),
-            f"{title} §CreateVolume",
-            "CreateVolume returns a capacity outside the requested capacity_range.",
+            f"{title} §{{rpc}}",
+            "CreateVolume returns a capacity outside the requested capacity_range"
+            + (", or an expansion one below its required_bytes." if v1 else "."),
+            # Judged for the expansions by csi_responses.
+            note='CapacityRange (§CreateVolume): "Volume MUST be at least this big" and'
+            ' "MUST not be bigger" than limit_bytes. ControllerExpandVolume and'
+            " NodeExpandVolume are judged against required_bytes only: a volume already larger"
+            " than the target SHOULD be answered 0 OK, with its real capacity."
+            if v1
+            else "",
         ),
         Rule(
             "csi.content-source-not-echoed",
@@ -300,7 +308,8 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 SHOULD,
                 (CO,),
                 f"{title} §{{rpc}}",
-                "A REQUIRED field is missing whose caveat lets the plugin do without it (advisory).",
+                "A REQUIRED field is missing whose caveat lets the plugin do without it"
+                " (advisory).",
             ),
             Rule(
                 "csi.name-banned-characters",
