@@ -1,10 +1,1374 @@
-"""(family module: to be written)"""
+"""CSI cross-call consistency and order: what one call must agree with, of what earlier calls
+on this socket returned or did (CSI v1.12 and v0.3).
+
+- Values the plugin made that never change: a volume's volume_context (v0.3: attributes),
+  a publication's publish_context.
+- Values the CO must pass back as they were made: volume_context, publish_context; secrets
+  that SHOULD stay the same between related operations.
+- Node paths: one staging_target_path per volume, one volume per target_path; a second
+  NodePublishVolume with another capability, and the plugin's answer to it.
+- Order beyond csi_common's csi.call-order: NodeStage/NodePublish before ControllerPublish,
+  NodeExpandVolume of a volume not staged nor published, ControllerExpandVolume of a
+  published volume with only OFFLINE expansion; and a plugin with ONLINE expansion refusing
+  a published volume, or publishing a single-node volume to a second node.
+- Snapshots: sizes, group membership, retrievability; listings restarted after ABORTED;
+  snapshot metadata streams continued from where they ended.
+
+Everything is learned from calls this proxy relayed and kept in :class:`ConsistencyState`
+(bounded TTL caches, like the lifecycle state): history the proxy did not see is unknown,
+never a violation. Contexts, secrets and tokens are kept and compared as blake2b digests,
+never as values, and messages never quote them. No rule here is enforced: each judges
+memory, so it is reported (``reject_code=None`` or ``enforceable=False``).
+
+HA controllers: what only the controller side saw (a ControllerPublishVolume) may have been
+undone through another replica. Such memory judges the plugin or the CO only while it is
+fresh (:data:`HANDOVER`) or while this proxy's node side shows the volume in use on the node
+(a unified socket), which no legitimate unpublish allows; the order checks that only the
+plugin's answer can confirm are judged on that answer.
+"""
 
 from __future__ import annotations
 
-from plugproxy.rules.engine import Hooks
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cachetools import TTLCache
+
+from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation, list_length
+
+if TYPE_CHECKING:
+    from plugproxy.api import Call
+    from plugproxy.rules.engine import CompiledSpec
+    from plugproxy.rules.state import SpecState
+
+# Memory of a controller-side call that only this replica saw is trusted this long: a
+# Kubernetes sidecar's leader-election lease lasts 15 s, so no other replica can have
+# taken over and undone the call in less time.
+HANDOVER = 15.0
+# "Snapshots which were recently created and not yet ready to use must be retrievable"
+# (§GetSnapshot): judged this long after CreateSnapshot returned the snapshot.
+SNAPSHOT_RECENT = 300.0
+ABORTED_TOKENS = 1024  # listing tokens remembered as refused (ABORTED)
+MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest dropped)
+_STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
+
+
+def _ago(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s ago"
+    if s < 7200:
+        return f"{s // 60}m ago"
+    return f"{s // 3600}h ago"
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _value_digest(value: str) -> bytes:
+    return hashlib.blake2b(value.encode(), digest_size=8).digest()
+
+
+def _map_digest(values: Mapping[str, str]) -> bytes:
+    """One digest of a map<string,string>, independent of order; empty maps digest alike."""
+    h = hashlib.blake2b(digest_size=16)
+    for key in sorted(values):
+        for part in (key.encode(), values[key].encode()):
+            h.update(len(part).to_bytes(4, "little"))
+            h.update(part)
+    return h.digest()
+
+
+def _entries(values: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
+    """A context map as (key, value digest) pairs: keys to match a CO's copy, no values."""
+    return tuple((key, _value_digest(values[key])) for key in sorted(values))
+
+
+def _without(message: Any, name: str) -> bytes:
+    """Digest of ``message`` with field ``name`` (secrets) cleared."""
+    copy = type(message)()
+    copy.CopyFrom(message)
+    copy.ClearField(name)
+    return _digest(copy.SerializeToString(deterministic=True))
+
+
+def _mode_name(capability: Any) -> str:
+    if not capability.HasField("access_mode"):
+        return ""
+    mode = capability.access_mode
+    value = mode.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_number.get(mode.mode)
+    return value.name if value is not None else ""
+
+
+def _norm(path: str) -> str:
+    return path.rstrip("/") or path
+
+
+def _trim(entries: dict[str, Any]) -> None:
+    while len(entries) > MAX_PER_VOLUME:
+        del entries[next(iter(entries))]
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Context:
+    """A volume_context the plugin returned: (key, value digest) pairs."""
+
+    entries: tuple[tuple[str, bytes], ...]
+    rpc: str  # CreateVolume, ListVolumes or ControllerGetVolume
+    at: float
+    create_args: bytes = b""  # CreateVolume: digest of its request, secrets aside
+
+
+@dataclass(slots=True)
+class _Publish:
+    """A successful ControllerPublishVolume of one volume to one node."""
+
+    args: bytes  # digest of the request, secrets aside
+    context: bytes  # digest of publish_context
+    context_size: int
+    secrets: bytes
+    single_node: bool
+    at: float
+
+
+@dataclass(slots=True)
+class _Target:
+    capability: bytes  # digest of volume_capability
+    at: float
+
+
+@dataclass(slots=True)
+class _Volume:
+    """One volume as this proxy saw it: its creation, and the node side on this node."""
+
+    created_at: float | None = None  # CreateVolume returned it through this proxy
+    multi_node: bool = True  # a capability it was created with allows MULTI_NODE
+    staged: dict[str, float] = field(default_factory=dict)  # staging path -> when
+    targets: dict[str, _Target] = field(default_factory=dict)
+    # Known neither staged nor published on this node since then (created, or all undone).
+    empty_since: float | None = None
+    empty_by: str = ""  # the call that made it so
+
+    def in_use(self) -> bool:
+        return bool(self.staged or self.targets)
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    size: int
+    group: str  # group_snapshot_id the plugin gave it ("" independent)
+    rpc: str  # the call that reported it first
+    at: float
+    created_at: float | None  # when a Create* call returned it through this proxy
+    ready: bool | None  # last ready_to_use seen (None: v0.3, not reported)
+
+
+@dataclass(slots=True)
+class _Group:
+    secrets: bytes
+    rpc: str
+    at: float
+    members: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A snapshot metadata stream that ended OK: all ranges from its start were sent."""
+
+    end: int  # end of its last range (its starting_offset when it had none)
+    at: float
+
+
+@dataclass(slots=True)
+class _Ranges:
+    """One stream in flight (call.stage_state)."""
+
+    end: int
+    ordered: bool = True
+    capacity_seen: bool = False
+
+
+class ConsistencyState:
+    """What this family remembers per spec table; bounded and expiring like the lifecycle."""
+
+    def __init__(self, st: SpecState) -> None:
+        n, ttl, clock = st.max_volumes, st.lifecycle_ttl, st.clock
+        self.clock = clock
+        self.contexts: TTLCache[str, _Context] = TTLCache(n, ttl, clock)
+        self.volumes: TTLCache[str, _Volume] = TTLCache(n, ttl, clock)
+        self.publishes: TTLCache[str, dict[str, _Publish]] = TTLCache(n, ttl, clock)
+        self.targets: TTLCache[str, tuple[str, float]] = TTLCache(n, ttl, clock)
+        self.snapshots: TTLCache[str, _Snapshot] = TTLCache(n, ttl, clock)
+        self.groups: TTLCache[str, _Group] = TTLCache(n, ttl, clock)
+        self.aborted: TTLCache[tuple[str, bytes], float] = TTLCache(ABORTED_TOKENS, ttl, clock)
+        # snapshot id -> (volume_capacity_bytes a metadata stream reported, when)
+        self.capacities: TTLCache[str, tuple[int, float]] = TTLCache(n, ttl, clock)
+        self.streams: TTLCache[tuple[str, ...], _Stream] = TTLCache(n, ttl, clock)
+
+    def volume(self, volume_id: str) -> _Volume:
+        """The record of ``volume_id`` to update, made if need be; its TTL starts again."""
+        vol = self.volumes.get(volume_id)
+        if vol is None:
+            vol = _Volume()
+        self.volumes[volume_id] = vol
+        return vol
+
+    def forget_volume(self, volume_id: str) -> None:
+        vol = self.volumes.pop(volume_id, None)
+        if vol is not None:
+            for target in vol.targets:
+                owner = self.targets.get(target)
+                if owner is not None and owner[0] == volume_id:
+                    del self.targets[target]
+        self.contexts.pop(volume_id, None)
+        self.publishes.pop(volume_id, None)
+
+
+def _mem(st: SpecState) -> ConsistencyState:
+    return st.part(ConsistencyState)
+
+
+# -- rules --------------------------------------------------------------------------------
+
+
+def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
+    seen = "(seen on this socket; reported, never enforced)"
+    rules = [
+        Rule(
+            "csi.volume-context-changed",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "A volume id's volume_context (v0.3: attributes) differs from the one the plugin"
+            " returned for it before (CreateVolume, ListVolumes, ControllerGetVolume).",
+            reject_code=None,
+            note="The contents SHALL NOT be mutable and a volume SHALL always report the same."
+            " An empty map is not compared (proto3 cannot tell it from one not reported); a"
+            " CreateVolume answer is compared only with an identical earlier CreateVolume"
+            " (secrets aside), since another one returning the same id re-created the volume."
+            " Compared as digests.",
+        ),
+        Rule(
+            "csi.volume-context-mismatch",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "ControllerPublishVolume, ValidateVolumeCapabilities, NodeStageVolume or"
+            " NodePublishVolume passes a volume_context (v0.3: volume_attributes) lacking or"
+            " changing entries CreateVolume returned for that volume on this socket.",
+            reject_code=None,
+            note="Every entry the plugin returned must be passed as it was; entries the CO"
+            " adds (Kubernetes: the provisioner identity, pod info, service account tokens)"
+            " are tolerated, and an empty map is not judged (the request field is OPTIONAL and"
+            " proto3 cannot tell it from one not passed). Only what CreateVolume returned"
+            " through this proxy counts: a pre-provisioned volume's context is the"
+            " administrator's. Compared as digests;"
+            f" {seen}.",
+        ),
+        Rule(
+            "csi.publish-context-mismatch",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "NodeStageVolume or NodePublishVolume passes a publish_context (v0.3:"
+            " publish_info) other than ControllerPublishVolume returned for that volume and"
+            " this node on this socket (unified socket).",
+            reject_code=None,
+            note="Judged only when this proxy saw the ControllerPublishVolume for the volume"
+            " and its own node (NodeGetInfo), for a non-empty map (the request field is"
+            " OPTIONAL; proto3 cannot tell empty from not passed), and only while an unpublish"
+            f" through another HA replica is impossible: within {HANDOVER:.0f} s of it (a"
+            " leader-election lease), or while the volume is staged or published on the node."
+            f" Compared as digests; {seen}.",
+        ),
+        Rule(
+            "csi.staging-path-conflict",
+            MUST,
+            (CO,),
+            f"{title} §NodeStageVolume",
+            "NodeStageVolume of a volume already staged at another staging_target_path on this"
+            " node (the CO SHALL ensure only one per volume).",
+            reject_code=None,
+            note=f"Node-side memory of this proxy; {seen}.",
+        ),
+        Rule(
+            "csi.target-path-conflict",
+            MUST,
+            (CO,),
+            f"{title} §NodePublishVolume",
+            "NodePublishVolume at a target_path where another volume is published (the CO SHALL"
+            " ensure uniqueness of target_path per volume).",
+            reject_code=None,
+            note=f"Node-side memory of this proxy; {seen}.",
+        ),
+        Rule(
+            "csi.republish-answer",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §NodePublishVolume",
+            "A second NodePublishVolume the second-publish table answers with an error was"
+            " answered OK: the same target_path with another volume_capability"
+            + (", or another target_path of a SINGLE_NODE_SINGLE_WRITER volume." if v1 else "."),
+            reject_code=None,
+            note="For a different volume_capability at the same target_path the text says"
+            " FAILED_PRECONDITION and the table ALREADY_EXISTS: either is accepted, OK is not."
+            " Other differences are not judged: Kubernetes re-publishes with fresh service"
+            " account tokens in volume_context (requiresRepublish) and expects OK, and"
+            " publishes a ReadWriteOnce (SINGLE_NODE_WRITER) volume once per pod on a node.",
+        ),
+        Rule(
+            "csi.publish-conflict-accepted",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ControllerPublishVolume",
+            "ControllerPublishVolume of a volume created with single-node capabilities only,"
+            " still published to another node with a single-node access mode, answered OK"
+            " (the errors table answers FAILED_PRECONDITION).",
+            reject_code=None,
+            note="Judged only while the earlier publication cannot have been undone through"
+            f" another HA replica: within {HANDOVER:.0f} s of it, or while the volume is staged"
+            " or published on that node, this proxy's own (unified socket).",
+        ),
+        Rule(
+            "csi.secrets-changed",
+            SHOULD,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "ControllerUnpublishVolume secrets differ from the ControllerPublishVolume's"
+            + (
+                "; or a group snapshot operation's secrets differ from an earlier one's"
+                " on the same group snapshot."
+                if v1
+                else "."
+            ),
+            reject_code=None,
+            note="Compared as digests, never kept or quoted. Advisory: an administrator may"
+            " rotate secrets in between.",
+        ),
+        Rule(
+            "csi.list-restart-expected",
+            SHOULD,
+            (CO,),
+            f"{title} §{{rpc}}",
+            "ListVolumes or ListSnapshots passes again a starting_token the plugin answered"
+            " ABORTED (invalid) for; the listing SHOULD start again with an empty token.",
+            reject_code=None,
+            note="Only the refused token itself is judged, unless the plugin hands it out again"
+            " as a next_token: other callers may page with their own tokens meanwhile.",
+        ),
+        Rule(
+            "csi.volume-smaller-than-snapshot",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateSnapshot",
+            "CreateVolume from a snapshot seen on this socket returns a capacity_bytes below"
+            " the snapshot's size_bytes.",
+            reject_code=None,
+            note="Snapshot.size_bytes: the size of the volume MUST NOT be less than the size"
+            " of the source snapshot. Zero sizes (unknown) are not compared.",
+        ),
+    ]
+    if v1:
+        rules += [
+            Rule(
+                "csi.publish-context-changed",
+                MUST,
+                (PLUGIN,),
+                f"{title} §ControllerPublishVolume",
+                "An identical repeat (secrets aside) of a successful ControllerPublishVolume"
+                " returns another publish_context.",
+                reject_code=None,
+                note="publish_context SHALL NOT be mutable. Judged only while the earlier"
+                f" publication cannot have been undone through another HA replica: within"
+                f" {HANDOVER:.0f} s of it, or while the volume is staged or published on this"
+                " proxy's node. CSI v0.3 states no such rule for publish_info.",
+            ),
+            Rule(
+                "csi.republish-different-capability",
+                SHOULD,
+                (CO,),
+                f"{title} §NodePublishVolume",
+                "A second NodePublishVolume of a volume at the same target_path with another"
+                " volume_capability.",
+                reject_code=None,
+            ),
+            Rule(
+                "csi.expand-published-refused",
+                MUST,
+                (PLUGIN,),
+                f"{title} §GetPluginCapabilities",
+                "With ONLINE expansion and controller EXPAND_VOLUME, ControllerExpandVolume of a"
+                " volume seen published answered FAILED_PRECONDITION.",
+                reject_code=None,
+                note="VolumeExpansion ONLINE: such a plugin MUST support expanding volumes"
+                " currently published; the FAILED_PRECONDITION row is for plugins without"
+                " ONLINE.",
+            ),
+            Rule(
+                "csi.snapshot-lost",
+                MUST,
+                (PLUGIN,),
+                f"{title} §GetSnapshot",
+                "GetSnapshot answers NOT_FOUND for a snapshot created, not yet ready and not"
+                " deleted on this socket.",
+                reject_code=None,
+                note='"Snapshots which were recently created and not yet ready to use must be'
+                f' retrievable" (lower case in the text): judged for {SNAPSHOT_RECENT:.0f} s'
+                " after the create, while the last answer said not ready; a DeleteSnapshot or"
+                " DeleteVolumeGroupSnapshot request seen for it ends the judgement.",
+            ),
+            Rule(
+                "csi.delete-group-member",
+                MUST,
+                (CO,),
+                f"{title} §DeleteSnapshot",
+                "DeleteSnapshot of a snapshot the plugin returned with a non-empty"
+                " group_snapshot_id.",
+                reject_code=None,
+                note="The CO SHALL NOT; such a snapshot is deleted with its group"
+                " (DeleteVolumeGroupSnapshot). The plugin's INVALID_ARGUMENT for it is the"
+                " answer; a retry after it is this rule again, or csi.retry-without-change"
+                " when identical.",
+            ),
+            Rule(
+                "csi.metadata-restart-offset",
+                SHOULD,
+                (CO,),
+                f"{title} §{{rpc}}",
+                "A GetMetadata* starting_offset beyond anything it can continue: past the"
+                " volume_capacity_bytes a stream reported for the snapshot, or past the end of"
+                " a complete stream (from a lower offset) for the same snapshot(s).",
+                reject_code=None,
+                note="The CO SHOULD pass 0 or the byte after the last range received. A"
+                " complete stream (status OK) holds every range from its starting_offset, and"
+                " snapshots do not change, so no range received through any replica ends past"
+                " it; offsets within what was sent are never judged, as ranges in flight may"
+                " be lost.",
+            ),
+        ]
+    return tuple(rules)
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """Field names of one CSI version."""
+
+    v1: bool
+    volume_id: str  # Volume's id
+    volume_context: str  # Volume's context map
+    request_context: str  # the CO's copy in publish, validate and node requests
+    publish_context: str  # ControllerPublishVolumeResponse's map and node requests' copy
+    create_secrets: str
+    publish_secrets: str
+    unpublish_secrets: str
+    snapshot_id: str  # Snapshot's id and VolumeContentSource.SnapshotSource's
+
+
+V1 = _Fields(
+    v1=True,
+    volume_id="volume_id",
+    volume_context="volume_context",
+    request_context="volume_context",
+    publish_context="publish_context",
+    create_secrets="secrets",
+    publish_secrets="secrets",
+    unpublish_secrets="secrets",
+    snapshot_id="snapshot_id",
+)
+V0 = _Fields(
+    v1=False,
+    volume_id="id",
+    volume_context="attributes",
+    request_context="volume_attributes",
+    publish_context="publish_info",
+    create_secrets="controller_create_secrets",
+    publish_secrets="controller_publish_secrets",
+    unpublish_secrets="controller_unpublish_secrets",
+    snapshot_id="id",
+)
+
+
+@dataclass(frozen=True)
+class ConsistencyChecks:
+    """The family's checks, bound to one CSI version's field names."""
+
+    f: _Fields
+
+    # -- volume_context ---------------------------------------------------------------
+
+    def _plugin_context(
+        self, cs: CompiledSpec, mem: ConsistencyState, vol: Any, rpc: str, where: str
+    ) -> Iterable[Violation]:
+        """Compare a Volume a listing or ControllerGetVolume returned; remember it."""
+        vid = getattr(vol, self.f.volume_id)
+        values = getattr(vol, self.f.volume_context)
+        if not vid or not values:
+            return
+        now = mem.clock()
+        entries = _entries(values)
+        prev = mem.contexts.get(vid)
+        if prev is not None and prev.entries == entries:
+            mem.contexts[vid] = prev  # the same: keep where it came from, for longer
+            return
+        if prev is not None:
+            yield Violation(
+                cs.rule("volume-context-changed"),
+                f"{where}.{self.f.volume_context}",
+                f"{where}.{self.f.volume_context} ({len(entries)} entries) differs from the"
+                f" one {prev.rpc} returned for this volume id {_ago(now - prev.at)}"
+                f" ({len(prev.entries)} entries)",
+            )
+        mem.contexts[vid] = _Context(entries, rpc, now)
+
+    def create_volume_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("volume"):
+            return
+        vol = resp.volume
+        vid = getattr(vol, self.f.volume_id)
+        if not vid:
+            return
+        mem = _mem(st)
+        now = mem.clock()
+        cap = vol.capacity_bytes
+        if cap > 0 and req.HasField("volume_content_source"):
+            source = req.volume_content_source
+            if source.HasField("snapshot"):
+                snap = mem.snapshots.get(getattr(source.snapshot, self.f.snapshot_id))
+                if snap is not None and snap.size > cap:
+                    yield Violation(
+                        cs.rule("volume-smaller-than-snapshot"),
+                        "volume.capacity_bytes",
+                        f"volume.capacity_bytes {cap} is below the size_bytes {snap.size} that"
+                        f" {snap.rpc} returned for the source snapshot {_ago(now - snap.at)}",
+                    )
+        values = getattr(vol, self.f.volume_context)
+        prev = mem.contexts.get(vid)
+        if values:
+            entries = _entries(values)
+            args = _without(req, self.f.create_secrets)
+            if (
+                prev is not None
+                and prev.rpc == "CreateVolume"
+                and prev.create_args == args
+                and prev.entries != entries
+            ):
+                yield Violation(
+                    cs.rule("volume-context-changed"),
+                    f"volume.{self.f.volume_context}",
+                    f"volume.{self.f.volume_context} ({len(entries)} entries) differs from the"
+                    " one an identical CreateVolume returned for this volume id"
+                    f" {_ago(now - prev.at)} ({len(prev.entries)} entries)",
+                )
+            if prev is None or prev.entries != entries or prev.rpc != "CreateVolume":
+                mem.contexts[vid] = _Context(entries, "CreateVolume", now, args)
+            else:
+                mem.contexts[vid] = prev
+
+    def list_volumes_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        for i, entry in enumerate(resp.entries):
+            if entry.HasField("volume"):
+                yield from self._plugin_context(
+                    cs, mem, entry.volume, "ListVolumes", f"entries[{i}].volume"
+                )
+        self._token_handed_out(mem, call, resp)
+
+    def controller_get_volume_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.HasField("volume"):
+            yield from self._plugin_context(
+                cs, _mem(st), resp.volume, "ControllerGetVolume", "volume"
+            )
+
+    def _context_mismatch(self, cs: CompiledSpec, st: SpecState, req: Any) -> Iterable[Violation]:
+        prev = _mem(st).contexts.get(req.volume_id)
+        if prev is None or prev.rpc != "CreateVolume":
+            return
+        name = self.f.request_context
+        given = getattr(req, name)
+        if not given:
+            return  # OPTIONAL in the request; proto3 cannot tell empty from not passed
+        ago = _ago(_mem(st).clock() - prev.at)
+        n = len(prev.entries)
+        missing = differ = 0
+        for key, digest in prev.entries:
+            if key not in given:
+                missing += 1
+            elif _value_digest(given[key]) != digest:
+                differ += 1
+        if missing or differ:
+            yield Violation(
+                cs.rule("volume-context-mismatch"),
+                name,
+                f"{name} lacks {missing} and changes {differ} of the {n} entries CreateVolume"
+                f" returned for this volume {ago}",
+            )
+
+    # -- publish_context and ControllerPublishVolume ------------------------------------
+
+    def _trusted(
+        self, mem: ConsistencyState, st: SpecState, vid: str, node: str, at: float
+    ) -> bool:
+        """Whether a publication this proxy saw cannot have been undone elsewhere since."""
+        if mem.clock() - at <= HANDOVER:
+            return True
+        vol = mem.volumes.get(vid)
+        return node == st.node_id and vol is not None and vol.in_use()
+
+    def controller_publish_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        vid, node = req.volume_id, req.node_id
+        mem = _mem(st)
+        pubs = mem.publishes.get(vid)
+        if not pubs or not node:
+            return
+        prev = pubs.get(node)
+        if (
+            self.f.v1
+            and prev is not None
+            and _map_digest(getattr(resp, self.f.publish_context)) != prev.context
+            and prev.args == _without(req, self.f.publish_secrets)
+            and self._trusted(mem, st, vid, node, prev.at)
+        ):
+            yield Violation(
+                cs.rule("publish-context-changed"),
+                self.f.publish_context,
+                f"{self.f.publish_context} differs from the one an identical"
+                f" ControllerPublishVolume returned {_ago(mem.clock() - prev.at)}, and the"
+                " volume was not unpublished since",
+            )
+        if not _mode_name(req.volume_capability).startswith("SINGLE_NODE"):
+            return
+        vol = mem.volumes.get(vid)
+        if vol is None or vol.created_at is None or vol.multi_node:
+            return  # the volume's own capabilities are unknown, or allow MULTI_NODE
+        for other, pub in pubs.items():
+            if other != node and pub.single_node and self._trusted(mem, st, vid, other, pub.at):
+                yield Violation(
+                    cs.rule("publish-conflict-accepted"),
+                    "node_id",
+                    "ControllerPublishVolume answered OK although the volume, created with"
+                    " single-node capabilities only, was ControllerPublished to another node"
+                    f" {_ago(mem.clock() - pub.at)} and not unpublished since; the errors"
+                    " table answers FAILED_PRECONDITION",
+                )
+                return
+
+    def controller_published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid, node = req.volume_id, req.node_id
+        if not vid or not node or resp is None:
+            return
+        mem = _mem(st)
+        context = getattr(resp, self.f.publish_context)
+        pubs = mem.publishes.get(vid) or {}
+        pubs.pop(node, None)  # re-inserted last: the oldest go first when trimmed
+        pubs[node] = _Publish(
+            args=_without(req, self.f.publish_secrets),
+            context=_map_digest(context),
+            context_size=len(context),
+            secrets=_map_digest(getattr(req, self.f.publish_secrets)),
+            single_node=_mode_name(req.volume_capability).startswith("SINGLE_NODE"),
+            at=mem.clock(),
+        )
+        _trim(pubs)
+        mem.publishes[vid] = pubs
+
+    def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        pubs = mem.publishes.get(req.volume_id)
+        if pubs is None:
+            return
+        if req.node_id:
+            pubs.pop(req.node_id, None)
+        else:
+            pubs.clear()
+        if not pubs:
+            del mem.publishes[req.volume_id]
+
+    def controller_unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # volume or node gone: tabled, nothing stays published
+            self.controller_unpublished(st, call, req, None)
+        return ()
+
+    def controller_unpublish_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        pubs = mem.publishes.get(req.volume_id)
+        if not pubs:
+            return
+        if req.node_id:
+            found = pubs.get(req.node_id)
+            candidates = [found] if found is not None else []
+        else:
+            candidates = list(pubs.values())
+        if not candidates:
+            return
+        name = self.f.unpublish_secrets
+        secrets = _map_digest(getattr(req, name))
+        if all(p.secrets != secrets for p in candidates):
+            latest = max(p.at for p in candidates)
+            yield Violation(
+                cs.rule("secrets-changed"),
+                name,
+                f"{name} differ from the secrets ControllerPublishVolume passed for this volume"
+                f" {_ago(mem.clock() - latest)} (compared as digests); they SHOULD be the same",
+            )
+
+    def _publish_context_mismatch(
+        self, cs: CompiledSpec, st: SpecState, req: Any
+    ) -> Iterable[Violation]:
+        node = st.node_id
+        if node is None:
+            return
+        mem = _mem(st)
+        pubs = mem.publishes.get(req.volume_id)
+        pub = pubs.get(node) if pubs else None
+        if pub is None or not self._trusted(mem, st, req.volume_id, node, pub.at):
+            return
+        name = self.f.publish_context
+        given = getattr(req, name)
+        # OPTIONAL in the request; proto3 cannot tell empty from not passed.
+        if not given or _map_digest(given) == pub.context:
+            return
+        yield Violation(
+            cs.rule("publish-context-mismatch"),
+            name,
+            f"{name} ({len(given)} entries) differs from the one ControllerPublishVolume"
+            f" returned for this volume and node {_ago(mem.clock() - pub.at)}"
+            f" ({pub.context_size} entries)",
+        )
+
+    # -- validate ---------------------------------------------------------------------
+
+    def validate_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        yield from self._context_mismatch(cs, st, req)
+
+    def controller_publish_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        yield from self._context_mismatch(cs, st, req)
+
+    # -- volumes: creation and deletion -----------------------------------------------
+
+    def created(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid = getattr(resp.volume, self.f.volume_id) if resp is not None else ""
+        if not vid:
+            return
+        mem = _mem(st)
+        if vid in mem.volumes:
+            return  # an idempotent repeat: what is known of the volume stays
+        now = mem.clock()
+        vol = mem.volume(vid)
+        vol.created_at = now
+        vol.multi_node = any(
+            not _mode_name(c).startswith("SINGLE_NODE") for c in req.volume_capabilities
+        )
+        vol.empty_since, vol.empty_by = now, "CreateVolume returned it"
+
+    def deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        _mem(st).forget_volume(req.volume_id)
+
+    def delete_volume_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # gone either way
+            self.deleted(st, call, req, None)
+        return ()
+
+    # -- node side ----------------------------------------------------------------------
+
+    def node_stage_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is not None and vol.staged:
+            path = _norm(req.staging_target_path)
+            others = [at for p, at in vol.staged.items() if p != path]
+            if others:
+                yield Violation(
+                    cs.rule("staging-path-conflict"),
+                    "staging_target_path",
+                    "the volume is already staged at another staging_target_path on this node"
+                    f" (NodeStageVolume {_ago(mem.clock() - max(others))}, not unstaged since);"
+                    " the CO SHALL ensure only one per volume",
+                )
+        yield from self._context_mismatch(cs, st, req)
+        yield from self._publish_context_mismatch(cs, st, req)
+
+    def node_publish_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        target = _norm(req.target_path)
+        owner = mem.targets.get(target)
+        if owner is not None and owner[0] != req.volume_id:
+            yield Violation(
+                cs.rule("target-path-conflict"),
+                "target_path",
+                f"target_path is where another volume was published {_ago(mem.clock() - owner[1])}"
+                " and not unpublished since; the CO SHALL ensure uniqueness of target_path per"
+                " volume",
+            )
+        if self.f.v1:
+            vol = mem.volumes.get(req.volume_id)
+            first = vol.targets.get(target) if vol is not None else None
+            if first is not None and first.capability != _digest(
+                req.volume_capability.SerializeToString(deterministic=True)
+            ):
+                yield Violation(
+                    cs.rule("republish-different-capability"),
+                    "volume_capability",
+                    "NodePublishVolume again at the same target_path with another"
+                    f" volume_capability than the publication {_ago(mem.clock() - first.at)},"
+                    " not unpublished since",
+                )
+        yield from self._context_mismatch(cs, st, req)
+        yield from self._publish_context_mismatch(cs, st, req)
+
+    def node_publish_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is None or not vol.targets:
+            return
+        target = _norm(req.target_path)
+        first = vol.targets.get(target)
+        now = mem.clock()
+        if first is not None:
+            capability = _digest(req.volume_capability.SerializeToString(deterministic=True))
+            if first.capability != capability:
+                yield Violation(
+                    cs.rule("republish-answer"),
+                    "",
+                    "a second NodePublishVolume at the same target_path with another"
+                    f" volume_capability (the first {_ago(now - first.at)}) was answered OK;"
+                    " the plugin SHOULD answer FAILED_PRECONDITION (the table: ALREADY_EXISTS)",
+                )
+        elif self.f.v1 and _mode_name(req.volume_capability) == "SINGLE_NODE_SINGLE_WRITER":
+            latest = max(t.at for t in vol.targets.values())
+            yield Violation(
+                cs.rule("republish-answer"),
+                "",
+                "a second NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at another"
+                f" target_path (published at {len(vol.targets)} since {_ago(now - latest)}) was"
+                " answered OK; the second-publish table answers FAILED_PRECONDITION",
+            )
+
+    def staged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if not req.volume_id:
+            return
+        mem = _mem(st)
+        vol = mem.volume(req.volume_id)
+        path = _norm(req.staging_target_path)
+        vol.staged.pop(path, None)
+        vol.staged[path] = mem.clock()
+        _trim(vol.staged)
+        vol.empty_since = None
+
+    def _emptied(self, mem: ConsistencyState, vol: _Volume, by: str) -> None:
+        if not vol.in_use():
+            vol.empty_since, vol.empty_by = mem.clock(), by
+
+    def unstaged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is not None and vol.staged.pop(_norm(req.staging_target_path), None) is not None:
+            self._emptied(mem, vol, "NodeUnstageVolume")
+
+    def published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if not req.volume_id:
+            return
+        mem = _mem(st)
+        now = mem.clock()
+        vol = mem.volume(req.volume_id)
+        target = _norm(req.target_path)
+        vol.targets.pop(target, None)
+        vol.targets[target] = _Target(
+            _digest(req.volume_capability.SerializeToString(deterministic=True)), now
+        )
+        _trim(vol.targets)
+        vol.empty_since = None
+        mem.targets[target] = (req.volume_id, now)
+
+    def unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        target = _norm(req.target_path)
+        owner = mem.targets.get(target)
+        if owner is not None and owner[0] == req.volume_id:
+            del mem.targets[target]
+        vol = mem.volumes.get(req.volume_id)
+        if vol is not None and vol.targets.pop(target, None) is not None:
+            self._emptied(mem, vol, "NodeUnpublishVolume")
+
+    def node_unstage_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # the volume is gone: nothing stays staged
+            self.unstaged(st, call, req, None)
+        return ()
+
+    def node_unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":
+            self.unpublished(st, call, req, None)
+        return ()
+
+    def in_use(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is not None:
+            mem.volumes[req.volume_id] = vol  # kubelet polls mounted volumes: keep it
+
+    # -- order ------------------------------------------------------------------------
+
+    def not_controller_published(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        """NodeStage/NodePublish of a volume created here and not ControllerPublished to this
+        node, judged on the plugin's refusal: the publish may have passed through another
+        HA replica, and then the plugin stages or publishes it fine."""
+        node = st.node_id
+        if code not in ("FAILED_PRECONDITION", "NOT_FOUND") or node is None:
+            return
+        if getattr(req, self.f.publish_context):
+            return  # the CO passes what some ControllerPublishVolume returned
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is None or vol.created_at is None or vol.in_use():
+            return
+        pubs = mem.publishes.get(req.volume_id)
+        if pubs and node in pubs:
+            return
+        controller = st.known_capabilities("controller")
+        if controller is None or "PUBLISH_UNPUBLISH_VOLUME" not in controller:
+            return
+        rpc = call.method.name
+        if rpc == "NodePublishVolume":
+            # With STAGE_UNSTAGE_VOLUME the order is judged at NodeStageVolume.
+            nodecaps = st.known_capabilities("node")
+            if nodecaps is None or "STAGE_UNSTAGE_VOLUME" in nodecaps:
+                return
+        yield Violation(
+            cs.rule("call-order"),
+            "volume_id",
+            f"{rpc} of a volume CreateVolume returned {_ago(mem.clock() - vol.created_at)} and"
+            " not ControllerPublished to this node through this socket, while the controller"
+            f" advertises PUBLISH_UNPUBLISH_VOLUME; the plugin answered {code}",
+            enforceable=False,
+        )
+
+    def node_expand_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is None or vol.in_use() or vol.empty_since is None:
+            return
+        yield Violation(
+            cs.rule("call-order"),
+            "volume_id",
+            "NodeExpandVolume of a volume neither staged nor published on this node"
+            f" ({vol.empty_by} {_ago(mem.clock() - vol.empty_since)}); it MUST follow"
+            " NodeStageVolume or NodePublishVolume",
+            enforceable=False,
+        )
+
+    def _published_where(self, mem: ConsistencyState, vid: str) -> str | None:
+        now = mem.clock()
+        pubs = mem.publishes.get(vid)
+        if pubs:
+            latest = max(p.at for p in pubs.values())
+            return f"ControllerPublished to {len(pubs)} node(s), the latest {_ago(now - latest)}"
+        vol = mem.volumes.get(vid)
+        if vol is not None and vol.in_use():
+            since = min([*vol.staged.values(), *(t.at for t in vol.targets.values())])
+            return f"staged or published on this node since {_ago(now - since)}"
+        return None
+
+    def controller_expand_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code != "FAILED_PRECONDITION":
+            return
+        plugin = st.known_capabilities("plugin")
+        if plugin is None:
+            return
+        where = self._published_where(_mem(st), req.volume_id)
+        if where is None:
+            return
+        if "OFFLINE" in plugin and "ONLINE" not in plugin:
+            # The plugin's "volume in use" confirms the publication the proxy saw.
+            yield Violation(
+                cs.rule("call-order"),
+                "volume_id",
+                f"ControllerExpandVolume of a volume {where} while the plugin advertises only"
+                " OFFLINE expansion; it MUST be unpublished first (the plugin answered"
+                " FAILED_PRECONDITION)",
+                party=CO,
+                enforceable=False,
+            )
+            return
+        controller = st.known_capabilities("controller")
+        if "ONLINE" in plugin and controller is not None and "EXPAND_VOLUME" in controller:
+            yield Violation(
+                cs.rule("expand-published-refused"),
+                "",
+                f"ControllerExpandVolume of a volume {where} answered FAILED_PRECONDITION"
+                " although the plugin advertises ONLINE expansion and controller EXPAND_VOLUME",
+                party=PLUGIN,
+            )
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def _remember_snapshot(self, mem: ConsistencyState, snap: Any, rpc: str, created: bool) -> None:
+        sid = getattr(snap, self.f.snapshot_id)
+        if not sid:
+            return
+        now = mem.clock()
+        prev = mem.snapshots.get(sid)
+        group = snap.group_snapshot_id if self.f.v1 else ""
+        ready = snap.ready_to_use if self.f.v1 else None
+        if prev is None:
+            mem.snapshots[sid] = _Snapshot(
+                snap.size_bytes, group, rpc, now, now if created else None, ready
+            )
+            return
+        prev.size = snap.size_bytes or prev.size
+        prev.group = group or prev.group
+        prev.ready = ready
+        if created and prev.created_at is None:
+            prev.created_at = now
+        mem.snapshots[sid] = prev
+
+    def create_snapshot_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.HasField("snapshot"):
+            self._remember_snapshot(_mem(st), resp.snapshot, "CreateSnapshot", True)
+        return ()
+
+    def get_snapshot_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.HasField("snapshot"):
+            self._remember_snapshot(_mem(st), resp.snapshot, "GetSnapshot", False)
+        return ()
+
+    def list_snapshots_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        for entry in resp.entries:
+            if entry.HasField("snapshot"):
+                self._remember_snapshot(mem, entry.snapshot, "ListSnapshots", False)
+        self._token_handed_out(mem, call, resp)
+        return ()
+
+    def delete_snapshot_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        # Whatever the answer, the snapshot may be gone: judged no more.
+        snap = mem.snapshots.pop(req.snapshot_id, None)
+        if self.f.v1 and snap is not None and snap.group:
+            yield Violation(
+                cs.rule("delete-group-member"),
+                "snapshot_id",
+                f"DeleteSnapshot of a snapshot {snap.rpc} returned {_ago(mem.clock() - snap.at)}"
+                " with a group_snapshot_id: it is deleted with its group"
+                " (DeleteVolumeGroupSnapshot)",
+            )
+
+    def get_snapshot_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code != "NOT_FOUND":
+            return
+        mem = _mem(st)
+        snap = mem.snapshots.get(req.snapshot_id)
+        if snap is None or snap.created_at is None or snap.ready is not False:
+            return
+        age = mem.clock() - snap.created_at
+        if age > SNAPSHOT_RECENT:
+            return
+        yield Violation(
+            cs.rule("snapshot-lost"),
+            "snapshot_id",
+            f"GetSnapshot answered NOT_FOUND for a snapshot {snap.rpc} returned {_ago(age)},"
+            " not yet ready to use and not deleted through this socket; recently created"
+            " snapshots must be retrievable",
+            party=PLUGIN,
+        )
+
+    # -- group snapshots ----------------------------------------------------------------
+
+    def _group_members(self, mem: ConsistencyState, group: Any, rpc: str, created: bool) -> None:
+        for snap in group.snapshots:
+            self._remember_snapshot(mem, snap, rpc, created)
+
+    def create_group_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("group_snapshot"):
+            return ()
+        mem = _mem(st)
+        group = resp.group_snapshot
+        self._group_members(mem, group, "CreateVolumeGroupSnapshot", True)
+        gid = group.group_snapshot_id
+        if gid and gid not in mem.groups:
+            mem.groups[gid] = _Group(
+                _map_digest(req.secrets),
+                "CreateVolumeGroupSnapshot",
+                mem.clock(),
+                tuple(s.snapshot_id for s in group.snapshots),
+            )
+        return ()
+
+    def get_group_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if not resp.HasField("group_snapshot"):
+            return ()
+        mem = _mem(st)
+        group = resp.group_snapshot
+        self._group_members(mem, group, "GetVolumeGroupSnapshot", False)
+        gid = req.group_snapshot_id
+        if gid and gid not in mem.groups:
+            mem.groups[gid] = _Group(
+                _map_digest(req.secrets),
+                "GetVolumeGroupSnapshot",
+                mem.clock(),
+                tuple(s.snapshot_id for s in group.snapshots),
+            )
+        return ()
+
+    def _group_secrets(
+        self, cs: CompiledSpec, mem: ConsistencyState, req: Any
+    ) -> Iterable[Violation]:
+        group = mem.groups.get(req.group_snapshot_id)
+        if group is not None and _map_digest(req.secrets) != group.secrets:
+            yield Violation(
+                cs.rule("secrets-changed"),
+                "secrets",
+                f"secrets differ from those {group.rpc} passed for this group snapshot"
+                f" {_ago(mem.clock() - group.at)} (compared as digests); they SHOULD be the"
+                " same for all operations on it",
+            )
+
+    def get_group_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        yield from self._group_secrets(cs, _mem(st), req)
+
+    def delete_group_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        yield from self._group_secrets(cs, mem, req)
+        # The group goes with its members, whatever the answer: judged no more.
+        group = mem.groups.pop(req.group_snapshot_id, None)
+        for sid in (*req.snapshot_ids, *(group.members if group is not None else ())):
+            mem.snapshots.pop(sid, None)
+
+    # -- listings -----------------------------------------------------------------------
+
+    def list_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        if not mem.aborted or not req.starting_token:
+            return
+        at = mem.aborted.get((call.method.name, _digest(req.starting_token.encode())))
+        if at is not None:
+            yield Violation(
+                cs.rule("list-restart-expected"),
+                "starting_token",
+                f"starting_token is the one {call.method.name} answered ABORTED (invalid)"
+                f" {_ago(mem.clock() - at)}; the listing SHOULD start again with an empty"
+                " starting_token",
+            )
+
+    def list_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "ABORTED" and req.starting_token:
+            mem = _mem(st)
+            key = (call.method.name, _digest(req.starting_token.encode()))
+            mem.aborted[key] = mem.clock()
+        return ()
+
+    @staticmethod
+    def _token_handed_out(mem: ConsistencyState, call: Call, resp: Any) -> None:
+        # A token the plugin hands out again is valid again.
+        if mem.aborted and resp.next_token:
+            mem.aborted.pop((call.method.name, _digest(resp.next_token.encode())), None)
+
+    # -- snapshot metadata streams ------------------------------------------------------
+
+    @staticmethod
+    def _stream_key(call: Call, req: Any) -> tuple[tuple[str, ...], str]:
+        """(the stream's memory key, the snapshot whose volume capacity it reports)."""
+        if call.method.name == "GetMetadataDelta":
+            return ("delta", req.base_snapshot_id, req.target_snapshot_id), req.target_snapshot_id
+        return ("allocated", req.snapshot_id), req.snapshot_id
+
+    def metadata_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        start = req.starting_offset
+        call.stage_state[_STREAM] = _Ranges(max(start, 0))
+        if start <= 0:
+            return
+        mem = _mem(st)
+        key, snapshot = self._stream_key(call, req)
+        now = mem.clock()
+        capacity = mem.capacities.get(snapshot)
+        if capacity is not None and start > capacity[0]:
+            yield Violation(
+                cs.rule("metadata-restart-offset"),
+                "starting_offset",
+                f"starting_offset {start} is past the volume_capacity_bytes {capacity[0]} a"
+                f" metadata stream reported for this snapshot {_ago(now - capacity[1])}; it"
+                " SHOULD be 0 or the byte after the last range received",
+            )
+            return
+        done = mem.streams.get(key)
+        if done is not None and start > done.end:
+            yield Violation(
+                cs.rule("metadata-restart-offset"),
+                "starting_offset",
+                f"starting_offset {start} is past the end {done.end} of the complete"
+                f" {call.method.name} stream this socket relayed for the same snapshot(s)"
+                f" {_ago(now - done.at)}: no range received ends there; it SHOULD be 0 or the"
+                " byte after the last range received",
+            )
+
+    def metadata_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        ranges = call.stage_state.get(_STREAM)
+        if not isinstance(ranges, _Ranges):
+            return ()
+        if not ranges.capacity_seen and resp.volume_capacity_bytes > 0:
+            ranges.capacity_seen = True
+            mem = _mem(st)
+            mem.capacities[self._stream_key(call, req)[1]] = (
+                resp.volume_capacity_bytes,
+                mem.clock(),
+            )
+        if len(resp.block_metadata) < list_length(call, resp, "block_metadata"):
+            ranges.ordered = False  # a sample: the true last range may be unseen
+        for block in resp.block_metadata:
+            end = block.byte_offset + block.size_bytes
+            if end < ranges.end:
+                ranges.ordered = False  # the plugin's disorder is csi.metadata-order's
+            ranges.end = max(ranges.end, end)
+        return ()
+
+    def metadata_done(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        ranges = call.stage_state.get(_STREAM)
+        if isinstance(ranges, _Ranges) and ranges.ordered:
+            mem = _mem(st)
+            mem.streams[self._stream_key(call, req)[0]] = _Stream(ranges.end, mem.clock())
 
 
 def hooks(title: str, v1: bool) -> Hooks:
     """The family's rules and checks for the CSI version cited as ``title``."""
-    return Hooks()
+    c = ConsistencyChecks(V1 if v1 else V0)
+    request: dict[str, tuple[Any, ...]] = {
+        "ControllerPublishVolume": (c.controller_publish_request,),
+        "ControllerUnpublishVolume": (c.controller_unpublish_request,),
+        "ValidateVolumeCapabilities": (c.validate_request,),
+        "NodeStageVolume": (c.node_stage_request,),
+        "NodePublishVolume": (c.node_publish_request,),
+        "ListVolumes": (c.list_request,),
+        "ListSnapshots": (c.list_request,),
+        "DeleteSnapshot": (c.delete_snapshot_request,),
+    }
+    response: dict[str, tuple[Any, ...]] = {
+        "CreateVolume": (c.create_volume_response,),
+        "ListVolumes": (c.list_volumes_response,),
+        "ControllerPublishVolume": (c.controller_publish_response,),
+        "NodePublishVolume": (c.node_publish_response,),
+        "CreateSnapshot": (c.create_snapshot_response,),
+        "ListSnapshots": (c.list_snapshots_response,),
+    }
+    success: dict[str, tuple[Any, ...]] = {
+        "CreateVolume": (c.created,),
+        "DeleteVolume": (c.deleted,),
+        "ControllerPublishVolume": (c.controller_published,),
+        "ControllerUnpublishVolume": (c.controller_unpublished,),
+        "NodeStageVolume": (c.staged,),
+        "NodeUnstageVolume": (c.unstaged,),
+        "NodePublishVolume": (c.published,),
+        "NodeUnpublishVolume": (c.unpublished,),
+    }
+    error: dict[str, tuple[Any, ...]] = {
+        "DeleteVolume": (c.delete_volume_error,),
+        "ControllerUnpublishVolume": (c.controller_unpublish_error,),
+        "NodeStageVolume": (c.not_controller_published,),
+        "NodeUnstageVolume": (c.node_unstage_error,),
+        "NodePublishVolume": (c.not_controller_published,),
+        "NodeUnpublishVolume": (c.node_unpublish_error,),
+        "ListVolumes": (c.list_error,),
+        "ListSnapshots": (c.list_error,),
+    }
+    needs: dict[str, tuple[str, ...]] = {}
+    if v1:
+        request |= {
+            "NodeExpandVolume": (c.node_expand_request,),
+            "GetVolumeGroupSnapshot": (c.get_group_request,),
+            "DeleteVolumeGroupSnapshot": (c.delete_group_request,),
+            "GetMetadataAllocated": (c.metadata_request,),
+            "GetMetadataDelta": (c.metadata_request,),
+        }
+        response |= {
+            "ControllerGetVolume": (c.controller_get_volume_response,),
+            "GetSnapshot": (c.get_snapshot_response,),
+            "CreateVolumeGroupSnapshot": (c.create_group_response,),
+            "GetVolumeGroupSnapshot": (c.get_group_response,),
+            "GetMetadataAllocated": (c.metadata_response,),
+            "GetMetadataDelta": (c.metadata_response,),
+        }
+        success |= {
+            "NodeGetVolumeStats": (c.in_use,),
+            "GetMetadataAllocated": (c.metadata_done,),
+            "GetMetadataDelta": (c.metadata_done,),
+        }
+        error |= {
+            "ControllerExpandVolume": (c.controller_expand_error,),
+            "GetSnapshot": (c.get_snapshot_error,),
+        }
+        # ONLINE/OFFLINE expansion is a plugin capability, EXPAND_VOLUME a controller one.
+        needs = {"ControllerExpandVolume": ("plugin", "controller")}
+    return Hooks(
+        rules=_rules(title, v1),
+        request_checks=request,
+        response_checks=response,
+        on_success=success,
+        on_error=error,
+        capability_needs=needs,
+    )
