@@ -5,6 +5,8 @@ end-to-end checks through a real proxy."""
 
 from __future__ import annotations
 
+import asyncio
+
 import io
 import os
 from collections.abc import Iterable
@@ -87,7 +89,9 @@ class Proxy:
         raw = info.request_class(**(req or {})).SerializeToString()
         call.request = LazyMessage(raw, info.request_class)
         try:
-            assert self.stage.on_start(call) is None
+            pending = self.stage.on_start(call)
+            if pending is not None:  # a capability query of its own; no plugin here
+                asyncio.run(pending)  # type: ignore[arg-type]
         except Reject as exc:
             call.rejected = True
             call.code, call.details = exc.code, exc.message
