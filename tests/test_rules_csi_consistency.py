@@ -6,7 +6,6 @@ end-to-end checks through a real proxy."""
 from __future__ import annotations
 
 import asyncio
-
 import io
 import os
 from collections.abc import Iterable

@@ -94,7 +94,13 @@ async def test_audit_passes_the_call_and_logs_without_values(recorder):
     assert plugin.seen[0].requests == [bad.SerializeToString()]  # forwarded unchanged
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     violations = {line["rule"]: line for line in lines if line["event"] == "violation"}
-    assert set(violations) == {"csi.size-limit", "csi.secret-key-format"}
+    # The recorder answers OK to anything: it accepted a request it MUST refuse.
+    assert set(violations) == {
+        "csi.size-limit",
+        "csi.secret-key-format",
+        "csi.bad-request-accepted",
+    }
+    assert violations["csi.bad-request-accepted"]["party"] == "plugin"
     line = violations["csi.size-limit"]
     assert line["rule_level"] == "MUST" and line["party"] == "co"
     assert line["method"] == DELETE and line["field"] == "secrets"  # not the plugin's volume_id
@@ -138,7 +144,9 @@ async def test_per_rule_override_beats_the_global_mode(recorder):
     try:
         _, err = await unary(listen, DELETE, bad)
         assert err is None
-        assert stage_of(proxy).report.snapshot()[0]["rule"] == "csi.required-field"
+        # audited, and the recorder's OK to it is the plugin's csi.bad-request-accepted
+        found = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
+        assert found == {("csi.required-field", "co"), ("csi.bad-request-accepted", "plugin")}
     finally:
         await proxy.stop(0)
     proxy = await start_proxy(
@@ -283,7 +291,10 @@ async def test_error_codes_against_the_rpc_error_table(code, expected, tmp_path)
 
 async def test_violations_and_metrics_over_http(recorder):
     _plugin, upstream, listen = recorder
-    proxy = await start_proxy(listen, upstream, "--admin-listen", "127.0.0.1:0")
+    # The recorder's OK to these bad requests is not what this test counts.
+    proxy = await start_proxy(
+        listen, upstream, "--admin-listen", "127.0.0.1:0", "--rule", "csi.bad-request-accepted=off"
+    )
     try:
         for _ in range(3):
             await unary(listen, DELETE, csi("DeleteVolumeRequest").SerializeToString())

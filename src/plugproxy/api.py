@@ -209,6 +209,7 @@ class Call:
         "invocation_metadata",
         "method",
         "peer",
+        "raw_status",
         "rejected",
         "request",
         "request_count",
@@ -243,6 +244,10 @@ class Call:
         self.response_count = 0
         self.code = grpc.StatusCode.OK
         self.details = ""
+        # The grpc-status the plugin's trailers carried, as sent ("" when they carried none),
+        # where the relay could read it; None otherwise (the proxy's own answers, resets).
+        # ``code`` maps a value outside 0-16 to UNKNOWN; this keeps what was really sent.
+        self.raw_status: str | None = None
         self.initial_metadata: Metadata = ()
         self.trailing_metadata: Metadata = ()
         self.rejected = False

@@ -479,3 +479,77 @@ async def test_older_plugin_confirms_capabilities_without_a_newer_field(tmp_path
         (confirmed,) = reply.confirmed.volume_capabilities
         assert confirmed.mount.fs_type == "ext4" and not confirmed.mount.volume_mount_group
         await side.assert_clean()
+
+
+# -- retries and repeats ---------------------------------------------------------------------
+
+
+async def test_retries_after_transient_errors_and_idempotent_repeats(tmp_path):
+    """What sidecars and kubelet do all day: every sidecar asks for the capabilities, calls
+    are retried unchanged after transient errors, and kubelet repeats node calls after a
+    restart or to republish; a repeat of a call the plugin refused with a code allowing
+    it is fine, and so is a repeat after another call changed the volume."""
+    unavailable, aborted = grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    knobs = FakeKnobs(
+        failures={
+            "CreateVolume": FailureRule(exhausted, 1),
+            "ControllerPublishVolume": FailureRule(aborted, 1),
+            "NodeStageVolume": FailureRule(unavailable, 1),
+        }
+    )
+    async with one_side(tmp_path, "csi.v1", knobs) as side:
+        info = await discover(side)
+        for _ in range(3):  # provisioner, attacher, resizer
+            await side.call("GetPluginCapabilities")
+            await side.call("ControllerGetCapabilities")
+        await side.call("CreateVolume", name=PV, volume_capabilities=[cap(side)], code=exhausted)
+        vol = await create(side)
+        again = await create(side)  # the provisioner's repeat: same volume, OK
+        assert again.volume_id == vol.volume_id
+        publish = {
+            "volume_id": vol.volume_id,
+            "node_id": info.node_id,
+            "volume_capability": cap(side),
+            "volume_context": dict(vol.volume_context),
+        }
+        await side.call("ControllerPublishVolume", code=aborted, **publish)
+        pub = await side.call("ControllerPublishVolume", **publish)
+        await side.call("ControllerPublishVolume", **publish)
+        stage = {
+            "volume_id": vol.volume_id,
+            "staging_target_path": STAGE,
+            "volume_capability": cap(side),
+            "publish_context": dict(pub.publish_context),
+            "volume_context": dict(vol.volume_context),
+        }
+        await side.call("NodeStageVolume", code=unavailable, **stage)
+        await side.call("NodeStageVolume", **stage)
+        await side.call("NodeStageVolume", **stage)  # kubelet restarted
+        publish_node = {
+            "volume_id": vol.volume_id,
+            "staging_target_path": STAGE,
+            "target_path": TARGET,
+            "volume_capability": cap(side),
+            "publish_context": dict(pub.publish_context),
+            "volume_context": dict(vol.volume_context),
+        }
+        for _ in range(2):  # requiresRepublish
+            await side.call("NodePublishVolume", **publish_node)
+            await side.call("NodeGetVolumeStats", volume_id=vol.volume_id, volume_path=TARGET)
+        for _ in range(2):
+            await side.call("NodeUnpublishVolume", volume_id=vol.volume_id, target_path=TARGET)
+        await side.call("NodePublishVolume", **publish_node)  # the pod came back
+        await side.call("NodeUnpublishVolume", volume_id=vol.volume_id, target_path=TARGET)
+        for _ in range(2):
+            await side.call("NodeUnstageVolume", volume_id=vol.volume_id, staging_target_path=STAGE)
+            await side.call(
+                "ControllerUnpublishVolume", volume_id=vol.volume_id, node_id=info.node_id
+            )
+        snap = {"name": "snap-1", "source_volume_id": vol.volume_id}
+        first = await side.call("CreateSnapshot", **snap)
+        assert (await side.call("CreateSnapshot", **snap)).snapshot == first.snapshot
+        for _ in range(2):
+            await side.call("DeleteSnapshot", snapshot_id=first.snapshot.snapshot_id)
+            await side.call("DeleteVolume", volume_id=vol.volume_id)
+        await side.assert_clean()

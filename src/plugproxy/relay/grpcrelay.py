@@ -45,6 +45,22 @@ HOP_BY_HOP = frozenset(
 # grpc ships no type information; its server context is dynamically typed here.
 ServicerContext = Any
 
+# grpc core reads the plugin's grpc-status itself and hides the raw value: a number outside
+# 0-16 becomes UNKNOWN with the plugin's message, indistinguishable from a real UNKNOWN.
+# Trailers without any status, or with one core cannot parse, end with these messages of
+# core's own, which a plugin's status does not carry (the frame relay sees every case).
+_CORE_NO_STATUS = {
+    (grpc.StatusCode.UNKNOWN, "No status received"): "",
+    (grpc.StatusCode.UNKNOWN, "Stream removed (Data frame with END_STREAM flag received)"): "",
+    (grpc.StatusCode.INTERNAL, "Stream removed (Error parsing 'grpc-status' metadata)"): "?",
+}
+
+
+def raw_status_of(code: grpc.StatusCode, details: str) -> str | None:
+    """What the plugin's grpc-status was, as far as grpc core's answer tells (see
+    Call.raw_status): "" for none, "?" for an unparsable one, None when core read one."""
+    return _CORE_NO_STATUS.get((code, details))
+
 
 def forwardable(metadata: Any) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in (metadata or ()) if k not in HOP_BY_HOP and not k.startswith(":")]
@@ -143,6 +159,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         """The plugin's status becomes the call's, unless a stage already answered it."""
         if call.rejected:
             return
+        call.raw_status = raw_status_of(err.code(), err.details() or "")
         call.code, call.details = self._upstream_error(err)
         call.initial_metadata = tuple(err.initial_metadata() or ())
         call.trailing_metadata = tuple(err.trailing_metadata() or ())
@@ -393,6 +410,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                 call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
                 if code is not grpc.StatusCode.OK and not call.rejected:
                     call.code, call.details = code, await ucall.details() or ""
+                    call.raw_status = raw_status_of(call.code, call.details)
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
             except grpc.aio.AioRpcError as err:

@@ -820,6 +820,8 @@ class Pairing(asyncio.Protocol):
                     call.response = lazy
                 self.observers.append((chain, call, lazy))
         if ended:  # gRPC always ends with trailers; a bare END_STREAM is an error
+            if call is not None:
+                call.raw_status = ""  # no status at all: the validate stage judges that
             self._answer(
                 stream, grpc.StatusCode.INTERNAL, "the plugin ended the stream without status"
             )
@@ -842,13 +844,17 @@ class Pairing(asyncio.Protocol):
             return
         code = grpc.StatusCode.UNKNOWN
         message = ""
+        raw: bytes | None = None
         for name, value in headers:
             if name == b"grpc-status":
+                raw = value
                 number = int(value) if value.isdigit() else -1
                 code = grpcwire.STATUS_BY_NUMBER.get(number, code)
             elif name == b"grpc-message":
                 message = hpackcodec.percent_decode(value)
         if call is not None:
+            # The CO gets the plugin's trailers as they are; the stage sees the raw value.
+            call.raw_status = "" if raw is None else raw.decode("latin-1")
             call.trailing_metadata = grpcwire.to_metadata(headers, grpcwire.RESPONSE_RESERVED)
             if first:
                 call.initial_metadata = ()

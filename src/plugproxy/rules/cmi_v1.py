@@ -26,15 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from cachetools import TTLCache
 
-from plugproxy.rules.csi_common import capability_names
+from plugproxy.rules.csi_common import capability_names, generic_rules
 from plugproxy.rules.engine import (
     CO,
     MUST,
     PLUGIN,
     SHOULD,
     CompiledSpec,
+    FixFirst,
     Rule,
     SpecTable,
+    StateChange,
     Violation,
 )
 
@@ -203,7 +205,31 @@ RULES = (
         " answered that name and version both before and after it, so a plugin upgraded"
         " between two calls is never flagged; judged when the second GetPluginInfo answers.",
     ),
+    *generic_rules(
+        "cmi",
+        TITLE,
+        "CMI-Client",
+        "CMI adds OUT_OF_RANGE for CreateMachine (the ProviderSpec asked for resources"
+        " outside the valid range a moment ago valid); not ALREADY_EXISTS, as a VM can be"
+        " changed at the provider.",
+    ),
 )
+
+# §Error Scheme recovery: "Caller MUST fix the request by adding the missing required field"
+# / "MUST either replace the field ... or remove" (INVALID_ARGUMENT), "Caller MUST NOT
+# retry" (UNIMPLEMENTED). The per-RPC tables agree (no automatic retry) and carry no MUST.
+FIX_FIRST = {
+    "INVALID_ARGUMENT": FixFirst("MUST fix or remove the invalid field before retrying"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+}
+
+# "This operation MUST be idempotent" (CreateMachine, DeleteMachine, ShutDownMachine).
+_REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
+STATE_CHANGES = {
+    "CreateMachine": StateChange(_REQUEST | {"OUT_OF_RANGE"}),
+    "DeleteMachine": StateChange(_REQUEST),
+    "ShutDownMachine": StateChange(_REQUEST),
+}
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "GetPluginInfoResponse": ("name", "version"),
@@ -457,4 +483,6 @@ TABLE = SpecTable(
         "ListMachines": (_secret_values,),
     },
     on_error={"GetMachineStatus": (_status_error,), "DeleteMachine": (_delete_error,)},
+    fix_first=FIX_FIRST,
+    state_changes=STATE_CHANGES,
 )

@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from cachetools import TTLCache
 
-from plugproxy.rules.csi_common import TRANSPORT_CODES
+from plugproxy.rules.csi_common import TRANSPORT_CODES, generic_rules
 from plugproxy.rules.engine import (
     CO,
     MUST,
     PLUGIN,
     SHOULD,
     CompiledSpec,
+    FixFirst,
     Rule,
     SpecTable,
+    StateChange,
     Violation,
 )
 
@@ -165,7 +167,43 @@ RULES = (
         " FAILED_PRECONDITION, ALREADY_EXISTS, OUT_OF_RANGE) counts after a successful"
         " delete repeated with the same delete_context. Transient errors are not judged.",
     ),
+    *generic_rules(
+        "cosi",
+        TITLE,
+        "COSI system",
+        "Only DriverCreateBucket is idempotent by a MUST; ALREADY_EXISTS is not judged:"
+        " §Concurrency says repeated calls 'may result in error ALREADY_EXISTS if the call"
+        " succeeded early'.",
+    ),
 )
+
+# §Error Scheme recovery: "Caller MUST fix the request/field before retrying" (code 3, the
+# table's "MISSING_ARGUMENT" and INVALID_ARGUMENT), "Caller MUST NOT retry" (UNIMPLEMENTED).
+FIX_FIRST = {
+    "INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+}
+FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    "DriverCreateBucket": {
+        # "Caller should retry call with corrected parameter values" (lower case), and the
+        # row covers a parameter check on the backend.
+        "INVALID_ARGUMENT": None,
+        "OUT_OF_RANGE": FixFirst("MUST fix the attributes before retrying"),
+        # ALREADY_EXISTS "MUST fix the arguments", but §Concurrency lets a repeat of a call
+        # that succeeded get it too: an unchanged retry is not judged.
+    },
+}
+
+# §DriverCreateBucket: "This operation MUST be idempotent"; the other Provisioner RPCs
+# change buckets and accesses but carry no MUST (deleting a deleted bucket "should" not
+# fail: cosi.delete-not-idempotent).
+_REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
+STATE_CHANGES = {
+    "DriverCreateBucket": StateChange(_REQUEST | {"OUT_OF_RANGE"}),
+    "DriverDeleteBucket": StateChange(),
+    "DriverGrantBucketAccess": StateChange(),
+    "DriverRevokeBucketAccess": StateChange(),
+}
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "DriverGetInfoResponse": ("name",),
@@ -353,4 +391,7 @@ TABLE = SpecTable(
     request_checks={"DriverDeleteBucket": (_delete_sent,)},
     on_success={"DriverDeleteBucket": (_deleted,)},
     on_error={"DriverDeleteBucket": (_delete_error,)},
+    fix_first=FIX_FIRST,
+    fix_first_rpc=FIX_FIRST_RPC,
+    state_changes=STATE_CHANGES,
 )

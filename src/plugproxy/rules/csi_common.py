@@ -121,7 +121,27 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             MUST,
             (PLUGIN,),
             f"{title} §{{rpc}}",
-            "The plugin answers UNIMPLEMENTED for an RPC it must implement or advertised.",
+            "The plugin answers UNIMPLEMENTED for an RPC it must implement: an Identity RPC,"
+            " one whose capability it advertises, or one every plugin serving that RPC's"
+            " service MUST implement while it serves it.",
+            note=(
+                "A service is served when the plugin advertises it (CONTROLLER_SERVICE,"
+                " GROUP_CONTROLLER_SERVICE, SNAPSHOT_METADATA_SERVICE) or another of its RPCs"
+                " answered OK in the last 5 minutes. Controller: ControllerGetCapabilities,"
+                " ValidateVolumeCapabilities; Node: NodePublishVolume (§RPC Interface: the"
+                " Node Plugin MUST implement the Node service; its own section sets no"
+                " condition), NodeUnpublishVolume, NodeGetCapabilities, and NodeGetInfo while"
+                " the controller advertises PUBLISH_UNPUBLISH_VOLUME; GroupController:"
+                " GroupControllerGetCapabilities; SnapshotMetadata: GetMetadataAllocated and"
+                " GetMetadataDelta (the spec's 'must' is lower case)."
+                if v1
+                else "A service is served when the plugin advertises it (CONTROLLER_SERVICE)"
+                " or another of its RPCs answered OK in the last 5 minutes. Controller:"
+                " ControllerGetCapabilities, ValidateVolumeCapabilities; Node:"
+                " NodePublishVolume, NodeUnpublishVolume, NodeGetCapabilities, and both"
+                " NodeGetId and NodeGetInfo (the v0.3 proto: 'Prior to CSI 1.0 - CSI plugins"
+                " MUST implement both'; the text makes them conditional, the proto is followed)."
+            ),
         ),
         Rule(
             "csi.error-code-unexpected",
@@ -301,6 +321,7 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " plugins exceed 128 bytes.",
         ),
     ]
+    rules += generic_rules("csi", title, "CO", CSI_REPEAT_NOTE)
     if v1:  # CSI v0.3 has no caveated REQUIRED fields and no rule on name characters
         rules += [
             Rule(
@@ -344,6 +365,80 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             ),
         ]
     return tuple(rules)
+
+
+CSI_REPEAT_NOTE = (
+    "CSI adds ALREADY_EXISTS for CreateSnapshot and CreateVolumeGroupSnapshot, judged once an"
+    " answer said the snapshot is ready to use, and ALREADY_EXISTS and FAILED_PRECONDITION"
+    " on the node service, whose volumes only this socket's caller changes; node paths are"
+    " objects too. NOT_FOUND from a delete is csi.delete-not-idempotent's."
+)
+
+
+def generic_rules(family: str, title: str, caller: str, repeat_note: str = "") -> list[Rule]:
+    """The rules every spec shares (the validate stage judges them), for ``family``;
+    ``caller`` names the client in summaries (CO, COSI system, CMI-Client), ``repeat_note``
+    says what the family's table adds to not-idempotent."""
+    return [
+        Rule(
+            f"{family}.status-code-not-canonical",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            "The plugin's status is not a canonical gRPC code: a grpc-status outside 0-16 or"
+            " not a number, or no grpc-status at all.",
+            note="Judged on the grpc-status the plugin sent, which the caller receives"
+            " unchanged. Behind the gRPC relay (TLS endpoints) grpc reads the status itself"
+            " and makes a number outside 0-16 UNKNOWN: only a missing or unreadable status"
+            " is seen there.",
+        ),
+        Rule(
+            f"{family}.bad-request-accepted",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            f"The plugin answered OK to a request the proxy found breaking a MUST whose spec"
+            f" prescribes the answer (a missing REQUIRED or an invalid field: INVALID_ARGUMENT;"
+            f" the per-RPC error rows the proxy can see), which the {caller} sent in audit mode.",
+            note="Counts the request rules enforce would reject, with the answer enforce"
+            " would give; a rule switched off, or whose enforce mode answers the request"
+            " itself, is not counted.",
+        ),
+        Rule(
+            f"{family}.retry-without-change",
+            MUST,
+            (CO,),
+            f"{title} §Error Scheme",
+            f"The {caller} re-sent an identical request (same fields; map order aside) within"
+            " 10 minutes of the plugin answering it with a code whose recovery says the caller"
+            " MUST fix the request first or MUST NOT retry.",
+            reject_code=None,
+            note="Reported, never enforced. A per-RPC error row whose recovery for the same"
+            " code only advises (SHOULD, MAY) or asks for a change outside the request takes"
+            " precedence and is not judged. Requests without fields (identity and capability"
+            " queries) are not judged: independent callers send the same bytes.",
+        ),
+        Rule(
+            f"{family}.not-idempotent",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "An identical repeat of the last successful state change of the same objects, within"
+            " 10 minutes and with no other state change of them seen since, was answered with"
+            " an error that an idempotent operation rules out.",
+            note="Only answers no change outside the proxy's view (another replica, the"
+            " backend) can explain are judged: INVALID_ARGUMENT and UNIMPLEMENTED everywhere,"
+            " and the codes the table adds per RPC. Transient codes, NOT_FOUND and"
+            " permission codes are never judged." + (" " + repeat_note if repeat_note else ""),
+        ),
+    ]
+
+
+def staging_path_missing(st: SpecState, req: Any) -> bool:
+    """§NodePublishVolume Errors, "Staging target path not set": STAGE_UNSTAGE_VOLUME is
+    advertised (known) and the request has no staging_target_path."""
+    node = st.known_capabilities("node")
+    return not req.staging_target_path and node is not None and "STAGE_UNSTAGE_VOLUME" in node
 
 
 def capability_names(response: Any) -> frozenset[str]:

@@ -12,9 +12,23 @@ and human-readable messages are advisory.
 
 from __future__ import annotations
 
+from typing import Any
+
 from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
-from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
-from plugproxy.rules.engine import Hooks, SpecTable, merged
+from plugproxy.rules.csi_common import (
+    TRANSPORT_CODES,
+    CsiChecks,
+    csi_rules,
+    staging_path_missing,
+)
+from plugproxy.rules.engine import (
+    FixFirst,
+    Hooks,
+    ServiceNeeds,
+    SpecTable,
+    StateChange,
+    merged,
+)
 
 TITLE = "CSI v0.3"
 _checks = CsiChecks(volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS")
@@ -150,6 +164,81 @@ RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "NodeUnstageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
 }
 
+# §RPC Interface: the Controller and Node Plugins MUST implement their services' RPCs; the
+# RPCs whose own section sets no capability condition, and (the proto: "Prior to CSI 1.0 -
+# CSI plugins MUST implement both NodeGetId and NodeGetInfo") both node id RPCs.
+SERVICES: dict[str, ServiceNeeds] = {
+    "Controller": ServiceNeeds(
+        frozenset({"ControllerGetCapabilities", "ValidateVolumeCapabilities"}),
+        ("plugin", "CONTROLLER_SERVICE"),
+    ),
+    "Node": ServiceNeeds(
+        frozenset(
+            {
+                "NodePublishVolume",
+                "NodeUnpublishVolume",
+                "NodeGetCapabilities",
+                "NodeGetId",
+                "NodeGetInfo",
+            }
+        )
+    ),
+}
+
+# §Error Scheme recovery: "Caller MUST fix the request/field before retrying". v0.3 has no
+# general UNIMPLEMENTED row; the RPCs whose tables have one say "Caller MUST NOT retry".
+FIX_FIRST = {"INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying")}
+_NO_RETRY = FixFirst("MUST NOT retry")
+_ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
+_ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
+
+FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    "CreateVolume": {
+        "ALREADY_EXISTS": _ARGUMENTS_OR_NAME,
+        "OUT_OF_RANGE": FixFirst("MUST fix the capacity range before retrying"),
+        "UNIMPLEMENTED": _NO_RETRY,
+    },
+    "DeleteVolume": {"UNIMPLEMENTED": _NO_RETRY},
+    "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS, "UNIMPLEMENTED": _NO_RETRY},
+    "ControllerUnpublishVolume": {"UNIMPLEMENTED": _NO_RETRY},
+    "CreateSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME, "UNIMPLEMENTED": _NO_RETRY},
+    "DeleteSnapshot": {"UNIMPLEMENTED": _NO_RETRY},
+    "NodeStageVolume": {"ALREADY_EXISTS": _ARGUMENTS},
+    "NodePublishVolume": {
+        "ALREADY_EXISTS": _ARGUMENTS,
+        "FAILED_PRECONDITION": FixFirst(
+            "MUST stage the volume first and retry with a valid staging_target_path",
+            staging_path_missing,
+        ),
+    },
+    "NodeGetId": {"UNIMPLEMENTED": _NO_RETRY},
+    "NodeGetInfo": {"UNIMPLEMENTED": _NO_RETRY},
+}
+
+# "This operation MUST be idempotent": see csi_v1.STATE_CHANGES for the codes judged.
+_REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
+_NODE = _REQUEST | {"ALREADY_EXISTS", "FAILED_PRECONDITION"}
+
+
+def _snapshot_ready(resp: Any) -> bool:
+    status = resp.snapshot.status
+    ready = status.DESCRIPTOR.fields_by_name["type"].enum_type.values_by_name["READY"].number
+    return bool(status.type == ready)
+
+
+STATE_CHANGES: dict[str, StateChange] = {
+    "CreateVolume": StateChange(_REQUEST),
+    "DeleteVolume": StateChange(_REQUEST),
+    "ControllerPublishVolume": StateChange(_REQUEST),
+    "ControllerUnpublishVolume": StateChange(_REQUEST),
+    "CreateSnapshot": StateChange(_REQUEST | {"ALREADY_EXISTS"}, final=_snapshot_ready),
+    "DeleteSnapshot": StateChange(_REQUEST),
+    "NodeStageVolume": StateChange(_NODE, paths=("staging_target_path",)),
+    "NodeUnstageVolume": StateChange(_NODE, paths=("staging_target_path",)),
+    "NodePublishVolume": StateChange(_NODE, paths=("target_path",)),
+    "NodeUnpublishVolume": StateChange(_NODE, paths=("target_path",)),
+}
+
 # The checks of csi_common; the families in their own modules follow (merged below).
 _BASE = Hooks(
     rules=csi_rules(TITLE, v1=False),
@@ -220,6 +309,11 @@ TABLE = SpecTable(
         "NodeGetCapabilities": "node",
     },
     rpc_gates=RPC_GATES,
+    services=SERVICES,
+    fix_first=FIX_FIRST,
+    fix_first_rpc=FIX_FIRST_RPC,
+    state_changes=STATE_CHANGES,
+    accepted_not_judged=frozenset({"csi.call-order"}),  # as in csi_v1
     **merged(
         _BASE,
         csi_capabilities.hooks(TITLE, v1=False),

@@ -16,9 +16,23 @@ advisory only (SIZE_RECOMMENDED).
 
 from __future__ import annotations
 
+from typing import Any
+
 from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
-from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks, csi_rules
-from plugproxy.rules.engine import Hooks, SpecTable, merged
+from plugproxy.rules.csi_common import (
+    TRANSPORT_CODES,
+    CsiChecks,
+    csi_rules,
+    staging_path_missing,
+)
+from plugproxy.rules.engine import (
+    FixFirst,
+    Hooks,
+    ServiceNeeds,
+    SpecTable,
+    StateChange,
+    merged,
+)
 
 TITLE = "CSI v1.12"
 _checks = CsiChecks(volume_id="volume_id")
@@ -272,6 +286,113 @@ RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "GetVolumeGroupSnapshot": ("group", ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)),
 }
 
+# §RPC Interface: "The Controller Plugin MUST implement this sets of RPCs" / "The Node
+# Plugin MUST implement..."; the RPCs whose own section sets no capability condition.
+SERVICES: dict[str, ServiceNeeds] = {
+    "Controller": ServiceNeeds(
+        frozenset({"ControllerGetCapabilities", "ValidateVolumeCapabilities"}),
+        ("plugin", "CONTROLLER_SERVICE"),
+    ),
+    "Node": ServiceNeeds(
+        frozenset({"NodePublishVolume", "NodeUnpublishVolume", "NodeGetCapabilities"}),
+        # §NodeGetInfo: "MUST implement this RPC call if the plugin has
+        # PUBLISH_UNPUBLISH_VOLUME controller capability".
+        when={"NodeGetInfo": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",))},
+    ),
+    "GroupController": ServiceNeeds(
+        frozenset({"GroupControllerGetCapabilities"}), ("plugin", "GROUP_CONTROLLER_SERVICE")
+    ),
+    # "The plugin must implement this RPC if it provides the SnapshotMetadata service."
+    "SnapshotMetadata": ServiceNeeds(
+        frozenset({"GetMetadataAllocated", "GetMetadataDelta"}),
+        ("plugin", "SNAPSHOT_METADATA_SERVICE"),
+    ),
+}
+
+# §Error Scheme recovery: "Caller MUST fix the request/field before retrying" (both rows of
+# INVALID_ARGUMENT), "Caller MUST NOT retry" (UNIMPLEMENTED). PERMISSION_DENIED and
+# UNAUTHENTICATED are fixed outside the request; ABORTED is retried as is.
+FIX_FIRST = {
+    "INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+}
+_ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
+_ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
+_RANGE = FixFirst("MUST fix the capacity range before retrying")
+
+# The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
+# recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
+# outside the request, so an unchanged retry is not judged for that RPC and code.
+FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    "CreateVolume": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME, "OUT_OF_RANGE": _RANGE},
+    "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
+    "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"
+    "CreateSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},
+    "DeleteSnapshot": {"INVALID_ARGUMENT": None},  # part of a group: "SHOULD stop calling"
+    "ControllerExpandVolume": {"INVALID_ARGUMENT": None, "OUT_OF_RANGE": _RANGE},  # MAY
+    "NodeStageVolume": {"ALREADY_EXISTS": _ARGUMENTS},
+    "NodePublishVolume": {
+        "ALREADY_EXISTS": _ARGUMENTS,
+        "FAILED_PRECONDITION": FixFirst(
+            "MUST stage the volume first and retry with a valid staging_target_path",
+            staging_path_missing,
+        ),
+    },
+    "NodeExpandVolume": {
+        "INVALID_ARGUMENT": None,  # "MAY verify volume capabilities ... and retry"
+        "FAILED_PRECONDITION": FixFirst("MUST NOT retry"),
+        "OUT_OF_RANGE": _RANGE,
+    },
+    "CreateVolumeGroupSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},
+    "DeleteVolumeGroupSnapshot": {"INVALID_ARGUMENT": None},  # "SHOULD use different"
+    "GetVolumeGroupSnapshot": {"INVALID_ARGUMENT": None},
+    "GetMetadataAllocated": {"INVALID_ARGUMENT": None},  # "should correct ... and resubmit"
+    "GetMetadataDelta": {"INVALID_ARGUMENT": None},
+}
+
+# "This operation MUST be idempotent." The answers judged on an identical repeat are those
+# no unseen change explains: a request valid and implemented a moment ago is still so.
+_REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
+# A snapshot of a given name and source cannot turn incompatible with its own arguments.
+_CREATED = _REQUEST | {"ALREADY_EXISTS"}
+# A node's staged and published volumes change only through its one caller, kubelet, on
+# this socket: after an identical success, "already exists" or a failed precondition is
+# the plugin forgetting what it did.
+_NODE = _REQUEST | {"ALREADY_EXISTS", "FAILED_PRECONDITION"}
+
+
+def _snapshot_ready(resp: Any) -> bool:
+    return bool(resp.snapshot.ready_to_use)
+
+
+def _group_ready(resp: Any) -> bool:
+    return bool(resp.group_snapshot.ready_to_use)
+
+
+STATE_CHANGES: dict[str, StateChange] = {
+    # Not ALREADY_EXISTS nor OUT_OF_RANGE: an expansion since the create may leave the volume
+    # outside a repeated capacity_range, and expansions name the volume id, not the name.
+    "CreateVolume": StateChange(_REQUEST),
+    "DeleteVolume": StateChange(_REQUEST),
+    "ControllerPublishVolume": StateChange(_REQUEST),
+    "ControllerUnpublishVolume": StateChange(_REQUEST),
+    "ControllerExpandVolume": StateChange(_REQUEST),
+    "ControllerModifyVolume": StateChange(_REQUEST),
+    "CreateSnapshot": StateChange(_CREATED, final=_snapshot_ready),
+    "DeleteSnapshot": StateChange(_REQUEST),
+    "CreateVolumeGroupSnapshot": StateChange(_CREATED, final=_group_ready),
+    "DeleteVolumeGroupSnapshot": StateChange(_REQUEST),
+    "NodeStageVolume": StateChange(_NODE, paths=("staging_target_path",)),
+    "NodeUnstageVolume": StateChange(_NODE, paths=("staging_target_path",)),
+    "NodePublishVolume": StateChange(_NODE, paths=("target_path",)),
+    "NodeUnpublishVolume": StateChange(_NODE, paths=("target_path",)),
+    "NodeExpandVolume": StateChange(_REQUEST | {"FAILED_PRECONDITION"}),
+}
+
+# csi.call-order's enforced case (NodePublishVolume of a volume unstaged on this node) has
+# no error row binding the plugin: its row is for a missing staging_target_path.
+ACCEPTED_NOT_JUDGED = frozenset({"csi.call-order"})
+
 # The checks of csi_common; the families in their own modules follow (merged below).
 _BASE = Hooks(
     rules=csi_rules(TITLE, v1=True),
@@ -338,6 +459,11 @@ TABLE = SpecTable(
         "GroupControllerGetCapabilities": "group",
     },
     rpc_gates=RPC_GATES,
+    services=SERVICES,
+    fix_first=FIX_FIRST,
+    fix_first_rpc=FIX_FIRST_RPC,
+    state_changes=STATE_CHANGES,
+    accepted_not_judged=ACCEPTED_NOT_JUDGED,
     **merged(
         _BASE,
         csi_capabilities.hooks(TITLE, v1=True),

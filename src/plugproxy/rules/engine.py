@@ -119,6 +119,42 @@ def merged(*families: Hooks) -> dict[str, Any]:
     return {"rules": tuple(rules), **out}
 
 
+@dataclass(frozen=True)
+class FixFirst:
+    """An error row whose recovery forbids re-sending the request unchanged ("Caller MUST
+    fix ... before retrying", "Caller MUST NOT retry")."""
+
+    recovery: str  # the row's recovery, for messages ("MUST fix the capacity range ...")
+    # The row's condition as the proxy sees it, (state, request) -> applies; None: always.
+    when: Callable[[SpecState, Any], bool] | None = None
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """An RPC that changes the objects its request names (plugproxy.keys and ``paths``)."""
+
+    # Answers to an identical repeat of the last successful call on the same objects that
+    # break "This operation MUST be idempotent"; empty: not judged, its calls only end a
+    # repeat. Only codes no unseen change (another replica, the backend) could explain.
+    broken_by: frozenset[str] = frozenset()
+    # Whether a successful answer is final (response -> bool); after one that is not (a
+    # snapshot still being processed) a repeat may legitimately fail.
+    final: Callable[[Any], bool] | None = None
+    paths: tuple[str, ...] = ()  # request fields naming objects besides plugproxy.keys'
+
+
+@dataclass(frozen=True)
+class ServiceNeeds:
+    """A service whose plugin MUST implement some of its RPCs once it serves it."""
+
+    rpcs: frozenset[str]  # MUST implement
+    # (kind, capability) the plugin advertises when it serves the service; None: known
+    # served only from another of its RPCs answering OK.
+    advertised_by: tuple[str, str] | None = None
+    # RPC -> (kind, capabilities): MUST implement while one of them is known advertised.
+    when: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+
+
 # call.stage_state key: the response message being judged (a LazyMessage), set by the
 # validate stage so response checks can count a list that was sampled (plugproxy.sampling).
 JUDGED_RESPONSE = "validate.response"
@@ -194,6 +230,19 @@ class SpecTable:
     on_success: Mapping[str, tuple[SuccessHook, ...]] = field(default_factory=dict)
     # Method-level bookkeeping and checks after the plugin answered with an error.
     on_error: Mapping[str, tuple[ErrorCheck, ...]] = field(default_factory=dict)
+    # Family 8, generic rules of every spec (the validate stage runs them):
+    # service (short name, "Controller") -> RPCs a plugin serving it MUST implement;
+    services: Mapping[str, ServiceNeeds] = field(default_factory=dict)
+    # code -> the Error Scheme's recovery when it forbids an unchanged retry, for every RPC;
+    fix_first: Mapping[str, FixFirst] = field(default_factory=dict)
+    # RPC -> code -> its own error row: one more FixFirst, or None where the row's recovery
+    # lets the caller retry unchanged (or only advises), overriding the general one;
+    fix_first_rpc: Mapping[str, Mapping[str, FixFirst | None]] = field(default_factory=dict)
+    # RPC -> how it changes objects (idempotency); RPCs not listed change nothing;
+    state_changes: Mapping[str, StateChange] = field(default_factory=dict)
+    # request rules whose breach the plugin is not bound to answer with their reject code
+    # (bad-request-accepted does not judge the plugin's OK to them).
+    accepted_not_judged: frozenset[str] = frozenset()
 
 
 Op = Callable[[Any, str, list[Violation]], None]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -32,12 +33,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
+from cachetools import TTLCache
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from prometheus_client import Counter
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
+from plugproxy.keys import keys_of
 from plugproxy.options import Option, duration, value_source
 from plugproxy.rules import TABLES, all_rules
 from plugproxy.rules.csi_common import capability_names
@@ -47,11 +50,14 @@ from plugproxy.rules.engine import (
     MUST,
     PLUGIN,
     CompiledSpec,
+    FixFirst,
     Rule,
+    ServiceNeeds,
+    StateChange,
     Violation,
     compile_table,
 )
-from plugproxy.rules.state import SpecState
+from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
 
 OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
@@ -83,6 +89,86 @@ OPTIONS: list[Option] = [
 # Our own statuses and the caller's cancellations are not the plugin's answers.
 _NOT_JUDGED = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED})
 DETAILS_KEY = "grpc-status-details-bin"
+CANONICAL_STATUSES = frozenset(str(code.value[0]) for code in grpc.StatusCode)  # "0".."16"
+
+# How long a refused request and a successful state change are remembered: retries and
+# repeats come within minutes; older memory is more likely stale than useful.
+RETRY_TTL = 600.0
+REPEAT_TTL = 600.0
+# call.stage_state keys of this stage.
+_DIGEST = "validate.digest"  # the request's digest, computed at most once per call
+_ACCEPTED = "validate.accepted"  # audited request violations the spec prescribes an answer for
+
+
+class GenericMemory:
+    """What the generic rules remember of one spec's calls (SpecState.part), bounded and
+    expiring: requests the plugin refused with a fix-first code, the last successful state
+    change per object, and which services answered OK lately."""
+
+    def __init__(self, st: SpecState) -> None:
+        self.clock = st.clock
+        # (rpc, request digest) -> (code, when): answers whose recovery forbids an unchanged
+        # retry. ``refused_until`` lets a call skip hashing while nothing can match.
+        self.refused: TTLCache[tuple[str, bytes], tuple[str, float]] = TTLCache(
+            st.max_volumes, RETRY_TTL, st.clock
+        )
+        self.refused_until = 0.0
+        # object key -> (rpc, request digest, when) of the last successful state change.
+        self.changed: TTLCache[str, tuple[str, bytes, float]] = TTLCache(
+            st.max_volumes, REPEAT_TTL, st.clock
+        )
+        # service -> (rpc, when) of its last OK answer; a handful of services.
+        self.served: dict[str, tuple[str, float]] = {}
+
+    def may_have_refused(self) -> bool:
+        if not self.refused_until:
+            return False
+        if self.clock() < self.refused_until:
+            return True
+        self.refused.clear()
+        self.refused_until = 0.0
+        return False
+
+    def refuse(self, key: tuple[str, bytes], code: str) -> None:
+        now = self.clock()
+        self.refused[key] = (code, now)
+        self.refused_until = now + RETRY_TTL
+
+    def serving(self, service: str) -> tuple[str, float] | None:
+        entry = self.served.get(service)
+        if entry is not None and self.clock() - entry[1] > CAPABILITY_TTL:
+            del self.served[service]
+            return None
+        return entry
+
+
+def request_digest(call: Call) -> bytes | None:
+    """A digest of the call's request: its fields serialized deterministically (a Go CO
+    writes maps in random order), or its bytes when they do not decode. Once per call."""
+    cached: bytes | None = call.stage_state.get(_DIGEST)
+    if cached is not None:
+        return cached
+    lazy = call.request
+    if lazy is None:
+        return None
+    message = lazy.message
+    data = message.SerializeToString(deterministic=True) if message is not None else lazy.raw
+    digest = hashlib.blake2b(data, digest_size=16).digest()
+    call.stage_state[_DIGEST] = digest
+    return digest
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f}s ago" if seconds >= 1 else "just before"
+
+
+def status_problem(raw: str) -> str:
+    """Why a grpc-status value is not canonical, without quoting anything long."""
+    if not raw:
+        return "the plugin's trailers carry no grpc-status"
+    if raw.isdigit() and len(raw) <= 10:
+        return f"grpc-status {int(raw)} is outside the canonical codes 0-16"
+    return "grpc-status is not a canonical code number (0-16)"
 
 
 def parse_rule_modes(
@@ -169,6 +255,14 @@ class _Plan:
     required_rpc: bool
     recommended_rpc: bool
     malformed: Rule
+    memory: GenericMemory
+    service: str  # short name, "Controller"
+    needs_service: ServiceNeeds | None  # this RPC's service, when a plugin serving it has musts
+    # the service requires this RPC: always, or while one of (kind, capabilities) is known
+    service_requires: bool | tuple[str, tuple[str, ...]]
+    state_change: StateChange | None
+    fix_first: dict[str, FixFirst]  # code -> row, general and this RPC's own merged
+    judge_retries: bool  # the request has fields: identical bytes are one caller's retry
 
 
 def _named(plan: _Plan, capabilities: Iterable[str]) -> str:
@@ -255,6 +349,17 @@ class ValidateStage(Stage):
         needs = list(t.capability_needs.get(rpc, ()))
         if gate is not None and gate[0] not in needs:
             needs.insert(0, gate[0])
+        service = method.service.rsplit(".", 1)[-1]
+        needs_service = t.services.get(service)
+        requires: bool | tuple[str, tuple[str, ...]] = False
+        if needs_service is not None:
+            requires = rpc in needs_service.rpcs or needs_service.when.get(rpc, False)
+        fix_first = dict(t.fix_first)
+        for code, row in t.fix_first_rpc.get(rpc, {}).items():
+            if row is None:
+                fix_first.pop(code, None)
+            else:
+                fix_first[code] = row
         return _Plan(
             spec=cs,
             state=state,
@@ -272,6 +377,13 @@ class ValidateStage(Stage):
             required_rpc=rpc in t.required_rpcs,
             recommended_rpc=rpc in t.recommended_rpcs,
             malformed=cs.rule("malformed-message"),
+            memory=state.part(GenericMemory),
+            service=service,
+            needs_service=needs_service,
+            service_requires=requires,
+            state_change=t.state_changes.get(rpc),
+            fix_first=fix_first,
+            judge_retries=bool(method.request_class.DESCRIPTOR.fields),
         )
 
     def wants(self, method: MethodInfo) -> bool:
@@ -330,9 +442,51 @@ class ValidateStage(Stage):
                 )
         for check in plan.request_checks:
             out.extend(check(plan.spec, st, call, req))
+        if call.request is lazy and plan.judge_retries and plan.memory.may_have_refused():
+            retried = self._retried(plan, call)
+            if retried is not None:
+                out.append(retried)
         if out:
             self._record(plan, call, out, CO)
+            self._remember_accepted(plan, call, out)
             self._maybe_reject(out)
+
+    def _retried(self, plan: _Plan, call: Call) -> Violation | None:
+        """The CO re-sends a request the plugin refused with a fix-first code."""
+        lazy = call.request
+        if lazy is None or not lazy.raw:
+            return None  # a request without fields: independent callers send the same
+        digest = request_digest(call)
+        assert digest is not None
+        mem = plan.memory
+        entry = mem.refused.get((plan.rpc, digest))
+        if entry is None:
+            return None
+        code, when = entry
+        row = plan.fix_first.get(code)
+        recovery = row.recovery if row is not None else "MUST change the request first"
+        return Violation(
+            plan.spec.rule("retry-without-change"),
+            "",
+            f"{plan.rpc} re-sent unchanged; the plugin answered the same request {code}"
+            f" {_ago(mem.clock() - when)}, and then the caller {recovery}",
+        )
+
+    def _remember_accepted(self, plan: _Plan, call: Call, found: list[Violation]) -> None:
+        """Audited request violations whose spec prescribes the plugin's answer: an OK to
+        them is judged when the call ends (bad-request-accepted)."""
+        judged = [
+            v
+            for v in found
+            if v.rule.level == MUST
+            and v.rule.reject_code is not None
+            and v.enforceable
+            and (v.party or CO) == CO
+            and self.modes[v.rule.id] == AUDIT
+            and v.rule.id not in plan.spec.table.accepted_not_judged
+        ]
+        if judged:
+            call.stage_state.setdefault(_ACCEPTED, []).extend(judged)
 
     def _maybe_reject(self, violations: list[Violation]) -> None:
         # Only a MUST whose spec prescribes the answer is enforced, and with that answer.
@@ -420,6 +574,11 @@ class ValidateStage(Stage):
             return
         plan = self._plans[call.method.path]
         code = call.code
+        raw = call.raw_status
+        if raw is not None and raw not in CANONICAL_STATUSES:
+            rule = plan.spec.rule("status-code-not-canonical")
+            why = status_problem(raw)
+            self._record(plan, call, (Violation(rule, "", f"{why} (read as {code.name})"),), PLUGIN)
         if code is grpc.StatusCode.OK:
             if plan.on_success and call.request is not None:
                 req = call.request.message
@@ -427,9 +586,24 @@ class ValidateStage(Stage):
                     resp = call.response.message if call.response is not None else None
                     for hook in plan.on_success:
                         hook(plan.state, call, req, resp)
+            if plan.needs_service is not None:
+                plan.memory.served[plan.service] = (plan.rpc, plan.memory.clock())
+            accepted = call.stage_state.get(_ACCEPTED)
+            if accepted:
+                self._record(plan, call, (self._accepted(plan, accepted),), PLUGIN)
+            if plan.state_change is not None:
+                self._changed(plan, call)
+            if plan.memory.refused_until:
+                self._forget_refusal(plan, call)
             return
-        if code in _NOT_JUDGED or call.details.startswith("plugproxy: "):
+        by_plugin = code not in _NOT_JUDGED and not call.details.startswith("plugproxy: ")
+        if plan.state_change is not None:
+            repeat = self._not_changed(plan, call, code.name, by_plugin)
+            if repeat is not None:
+                self._record(plan, call, (repeat,), PLUGIN)
+        if not by_plugin:
             return
+        self._refused(plan, call, code.name)
         if plan.on_error and call.request is not None:
             req = call.request.message
             if req is not None:
@@ -474,6 +648,8 @@ class ValidateStage(Stage):
                 advertised = [c for c in plan.gate[1] if caps is not None and c in caps]
                 if advertised:
                     why = f"the plugin advertises {_named(plan, advertised)}"
+            if why is None and plan.service_requires:
+                why = self._served_why(plan)
             if why is not None:
                 out.append(
                     Violation(
@@ -504,6 +680,136 @@ class ValidateStage(Stage):
                 )
         if out:
             self._record(plan, call, out, PLUGIN)
+
+    def _served_why(self, plan: _Plan) -> str | None:
+        """Why the plugin MUST implement ``plan``'s RPC as part of a service it serves."""
+        needs = plan.needs_service
+        assert needs is not None
+        st = plan.state
+        condition = plan.service_requires
+        because = ""
+        if isinstance(condition, tuple):
+            kind, wanted = condition
+            caps = st.known_capabilities(kind)
+            advertised = [c for c in wanted if caps is not None and c in caps]
+            if not advertised:
+                return None
+            because = f" while the plugin advertises {_named(plan, advertised)}"
+        evidence = None
+        if needs.advertised_by is not None:
+            kind, name = needs.advertised_by
+            caps = st.known_capabilities(kind)
+            if caps is not None and name in caps:
+                evidence = f"it advertises {name}"
+        if evidence is None:
+            seen = plan.memory.serving(plan.service)
+            if seen is None:
+                return None
+            rpc, when = seen
+            evidence = f"{rpc} answered OK {_ago(plan.memory.clock() - when)}"
+        return (
+            f"required of a plugin serving the {plan.service} service{because}, which this"
+            f" plugin does ({evidence})"
+        )
+
+    def _accepted(self, plan: _Plan, found: list[Violation]) -> Violation:
+        first = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        where = f" at {first.field}" if first.field else ""
+        return Violation(
+            plan.spec.rule("bad-request-accepted"),
+            first.field,
+            f"{plan.rpc} answered OK to a request breaking {first.rule.id}{where}{more}; the"
+            f" spec prescribes {first.rule.reject_code}",
+        )
+
+    # -- retries and repeats --------------------------------------------------------------
+
+    def _refused(self, plan: _Plan, call: Call, code: str) -> None:
+        """Remember a request the plugin refused with a code whose recovery forbids an
+        unchanged retry; any other answer forgets an earlier refusal of it."""
+        row = plan.fix_first.get(code)
+        if row is not None and plan.judge_retries and call.request is not None:
+            req = call.request.message
+            if row.when is None or (req is not None and row.when(plan.state, req)):
+                digest = request_digest(call)
+                assert digest is not None
+                plan.memory.refuse((plan.rpc, digest), code)
+                return
+        if plan.memory.refused_until:
+            self._forget_refusal(plan, call)
+
+    @staticmethod
+    def _forget_refusal(plan: _Plan, call: Call) -> None:
+        digest = call.stage_state.get(_DIGEST)  # hashed at request time if it could match
+        if digest is not None:
+            plan.memory.refused.pop((plan.rpc, digest), None)
+
+    @staticmethod
+    def _objects(plan: _Plan, call: Call) -> tuple[str, ...]:
+        change = plan.state_change
+        assert change is not None
+        keys = keys_of(call)
+        if not change.paths or call.request is None:
+            return keys
+        req = call.request.message
+        if req is None:
+            return keys
+        paths = tuple(f"{name}:{getattr(req, name)}" for name in change.paths if getattr(req, name))
+        return keys + paths
+
+    def _changed(self, plan: _Plan, call: Call) -> None:
+        """A successful state change: the last one on its objects, unless not final."""
+        change = plan.state_change
+        assert change is not None
+        objects = self._objects(plan, call)
+        if not objects:
+            return
+        mem = plan.memory
+        final = True
+        if change.final is not None:
+            resp = call.response.message if call.response is not None else None
+            final = resp is not None and change.final(resp)
+        if not change.broken_by or not final:
+            for key in objects:
+                mem.changed.pop(key, None)
+            return
+        digest = request_digest(call)
+        assert digest is not None
+        now = mem.clock()
+        for key in objects:
+            mem.changed[key] = (plan.rpc, digest, now)
+
+    def _not_changed(self, plan: _Plan, call: Call, code: str, by_plugin: bool) -> Violation | None:
+        """A state change failed: a violation when it repeats the last successful one on
+        the same objects with an answer idempotency rules out; otherwise the objects'
+        state is unknown again."""
+        change = plan.state_change
+        assert change is not None
+        objects = self._objects(plan, call)
+        if not objects:
+            return None
+        mem = plan.memory
+        entries = [mem.changed.get(key) for key in objects]
+        if all(e is None for e in entries):
+            return None
+        digest = request_digest(call)
+        repeat = all(e is not None and e[0] == plan.rpc and e[1] == digest for e in entries)
+        if not repeat:
+            for key in objects:
+                mem.changed.pop(key, None)
+            return None
+        # The same operation failed: what it did before still stands; memory stays.
+        if not by_plugin or code not in change.broken_by:
+            return None
+        when = min(e[2] for e in entries if e is not None)
+        return Violation(
+            plan.spec.rule("not-idempotent"),
+            "",
+            f"{plan.rpc} repeated unchanged answered {code}; the same request succeeded"
+            f" {_ago(mem.clock() - when)} and no other change of its objects was seen since"
+            " (the operation MUST be idempotent)",
+        )
 
     # -- recording ------------------------------------------------------------------------
 

@@ -1,0 +1,1027 @@
+"""The generic rules of every spec (docs/rules.md, family 8), through the real validate stage:
+status-code-not-canonical (both relays, a raw HTTP/2 plugin), bad-request-accepted,
+retry-without-change, not-idempotent and the service-level unimplemented-advertised. Each
+rule: a planted violation from the party it judges, and the legitimate counterpart."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
+from plugproxy.log import Logger
+from plugproxy.registry import Registry, load_spec
+from plugproxy.rules.state import SpecState
+from plugproxy.stages import validate
+from plugproxy.stages.validate import GenericMemory, ValidateStage
+from tests.integration.test_validation_lifecycle import stage_of, through_proxy
+from tests.support import channel, start_proxy
+from tests.test_relay_conformance import (
+    OK_HEADERS,
+    FakePlugin,
+    H2Client,
+    PluginConn,
+    S,
+    connect,
+    data,
+    grpc_headers,
+    headers,
+    message,
+)
+
+OK = grpc.StatusCode.OK
+STAGE = "/var/lib/kubelet/plugins/kubernetes.io/csi/fake/abc/globalmount"
+TARGET = "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pv/mount"
+GENERIC = ("status-code-not-canonical", "bad-request-accepted", "retry-without-change")
+GENERIC += ("not-idempotent", "unimplemented-advertised")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Driver:
+    """One real ValidateStage; calls are driven through its hooks as a relay drives them."""
+
+    def __init__(self, mode: str = "audit", rules: dict[str, str] | None = None) -> None:
+        self.registry = Registry()
+        runtime = Runtime(self.registry, upstream=None, logger=Logger(io.StringIO()), metrics=None)
+        self.stage = ValidateStage(runtime, mode, rules or {})
+        self.paths = {(m.spec_name, m.name): m.path for m in self.registry.methods()}
+
+    def state(self, spec: str) -> SpecState:
+        path = next(p for (s, _), p in self.paths.items() if s == spec)
+        return self.stage._plans[path].state
+
+    def caps(self, spec: str, kind: str, *names: str) -> None:
+        self.state(spec).set_capabilities(kind, frozenset(names))
+
+    async def call(
+        self,
+        spec: str,
+        rpc: str,
+        request: Any = None,
+        *,
+        code: grpc.StatusCode = OK,
+        details: str = "plugin says no",
+        response: Any = None,
+        raw_status: str | None = None,
+        raw: bytes | None = None,
+        **fields: Any,
+    ) -> list[tuple[str, str]]:
+        """One call answered with ``code`` (and ``response``); (rule suffix, party) found.
+        ``raw``: the request's bytes as sent, instead of ``request`` serialized."""
+        method = self.registry.lookup(self.paths[(spec, rpc)])
+        assert method.request_class is not None and method.response_class is not None
+        if request is None:
+            request = method.request_class(**fields)
+        call = Call(method, (), [], 5.0)
+        if raw is None:
+            raw = request.SerializeToString()
+        call.request = LazyMessage(raw, method.request_class)
+        call.request_count = 1
+        try:
+            pending = self.stage.on_start(call)
+            if pending is not None:
+                await pending
+        except Reject as rej:
+            call.code, call.details, call.rejected = rej.code, rej.message, True
+        if not call.rejected:
+            if code is OK:
+                reply = response if response is not None else method.response_class()
+                lazy = LazyMessage(reply.SerializeToString(), method.response_class)
+                call.response = lazy
+                call.response_count = 1
+                self.stage.on_response(call, lazy)
+            else:
+                call.code, call.details = code, details
+            call.raw_status = raw_status
+        self.stage.on_finish(call)
+        self.last = call
+        return found(call)
+
+
+def found(call: Call) -> list[tuple[str, str]]:
+    return [
+        (str(e.attributes["rule"]).split(".", 1)[1], str(e.attributes["party"]))
+        for e in call.events
+        if e.name == "violation"
+    ]
+
+
+def generic(violations: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [v for v in violations if v[0] in GENERIC]
+
+
+def messages(call: Call, suffix: str) -> list[str]:
+    return [
+        str(e.attributes["message"])
+        for e in call.events
+        if e.name == "violation" and str(e.attributes["rule"]).endswith("." + suffix)
+    ]
+
+
+def v1(type_name: str, /, **fields: Any) -> Any:
+    return load_spec("csi.v1").message_class(f"csi.v1.{type_name}")(**fields)
+
+
+def v0(type_name: str, /, **fields: Any) -> Any:
+    return load_spec("csi.v0").message_class(f"csi.v0.{type_name}")(**fields)
+
+
+def mount(mode: str = "SINGLE_NODE_WRITER") -> dict[str, Any]:
+    return {"mount": {}, "access_mode": {"mode": mode}}
+
+
+def stage_request(volume: str = "vol-1", path: str = STAGE, **extra: Any) -> Any:
+    return v1(
+        "NodeStageVolumeRequest",
+        volume_id=volume,
+        staging_target_path=path,
+        volume_capability=mount(),
+        **extra,
+    )
+
+
+def publish_request(
+    volume: str = "vol-1", target: str = TARGET, staging: str = STAGE, **extra: Any
+) -> Any:
+    return v1(
+        "NodePublishVolumeRequest",
+        volume_id=volume,
+        staging_target_path=staging,
+        target_path=target,
+        volume_capability=mount(),
+        **extra,
+    )
+
+
+@pytest.fixture
+def driver() -> Driver:
+    d = Driver()
+    # what the checks ask for, known: no capability query of the proxy's own
+    d.caps("csi.v1", "plugin", "CONTROLLER_SERVICE")
+    d.caps("csi.v1", "controller", "CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME")
+    d.caps("csi.v1", "node", "STAGE_UNSTAGE_VOLUME")
+    return d
+
+
+@pytest.fixture
+def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[Driver, Clock]:
+    clock = Clock()
+    monkeypatch.setattr(validate, "SpecState", functools.partial(SpecState, clock=clock))
+    d = Driver()
+    d.caps("csi.v1", "node", "STAGE_UNSTAGE_VOLUME")
+    d.caps("csi.v1", "controller", "CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME")
+    d.caps("csi.v1", "plugin", "CONTROLLER_SERVICE")
+    return d, clock
+
+
+# == status-code-not-canonical: a raw HTTP/2 plugin behind both relays =======================
+
+INFO = "/csi.v1.Identity/GetPluginInfo"
+
+
+def answering_with(end: Callable[[int], bytes]) -> Callable[[FakePlugin, PluginConn], Any]:
+    """A plugin that answers every call with response headers, then ``end(stream)``."""
+
+    async def script(plugin: FakePlugin, conn: PluginConn) -> None:
+        conn.send(S)
+        while (got := await conn.request()) is not None:
+            plugin.requests += 1
+            conn.send(headers(got[0], OK_HEADERS) + end(got[0]))
+
+    return script
+
+
+def trailers(*fields: tuple[bytes, bytes]) -> Callable[[int], bytes]:
+    return lambda sid: headers(sid, list(fields), end_stream=True)
+
+
+def ended_by_data(sid: int) -> bytes:
+    return data(sid, message(b""), end_stream=True)
+
+
+@pytest.fixture
+async def raw_plugin(tmp_path) -> AsyncIterator[Callable[..., Any]]:
+    """Starts a raw plugin with a script and a proxy (``relay``) in front of it."""
+    started: list[tuple[Any, FakePlugin]] = []
+
+    async def start(script: Any, relay: str) -> tuple[FakePlugin, str, Any]:
+        upstream = str(tmp_path / f"plugin{len(started)}.sock")
+        listen = str(tmp_path / f"proxy{len(started)}.sock")
+        plugin = FakePlugin(script)
+        await plugin.start(upstream)
+        proxy = await start_proxy(listen, upstream, "--relay", relay, "--readiness-probe", "off")
+        started.append((proxy, plugin))
+        return plugin, listen, proxy
+
+    yield start
+    for proxy, plugin in started:
+        await proxy.stop(0)
+        await plugin.stop()
+
+
+async def call_info(listen: str) -> grpc.aio.AioRpcError | None:
+    async with channel(listen) as ch:
+        try:
+            await ch.unary_unary(INFO)(b"", timeout=5)
+        except grpc.aio.AioRpcError as err:
+            return err
+    return None
+
+
+def reported(proxy: Any) -> dict[str, dict[str, Any]]:
+    return {e["rule"]: e for e in stage_of(proxy).report.snapshot()}
+
+
+NOT_CANONICAL = "csi.status-code-not-canonical"
+
+
+@pytest.mark.parametrize(
+    ("end", "says"),
+    [
+        pytest.param(
+            trailers((b"grpc-status", b"17"), (b"grpc-message", b"x")),
+            "grpc-status 17 is outside the canonical codes 0-16",
+            id="17",
+        ),
+        pytest.param(
+            trailers((b"grpc-message", b"x")),
+            "the plugin's trailers carry no grpc-status",
+            id="none",
+        ),
+        pytest.param(
+            trailers((b"grpc-status", b"abc")),
+            "grpc-status is not a canonical code number (0-16)",
+            id="not-a-number",
+        ),
+        pytest.param(ended_by_data, "the plugin's trailers carry no grpc-status", id="data-end"),
+    ],
+)
+async def test_frame_relay_reports_a_status_that_is_not_canonical(raw_plugin, end, says):
+    _plugin, listen, proxy = await raw_plugin(answering_with(end), "frames")
+    err = await call_info(listen)
+    assert err is not None  # the caller's own reading of what it got, as before
+    entry = reported(proxy)[NOT_CANONICAL]
+    assert entry["party"] == "plugin" and entry["level"] == "MUST"
+    assert says in entry["last_message"]
+    assert entry["section"] == "CSI v1.12 §Error Scheme"
+
+
+async def test_frame_relay_passes_the_plugins_status_on_unchanged(raw_plugin):
+    """Judging the status changes nothing the CO receives: the trailers are the plugin's."""
+    end = trailers((b"grpc-status", b"17"), (b"grpc-message", b"odd"))
+    _plugin, listen, proxy = await raw_plugin(answering_with(end), "frames")
+    async with connect(listen) as peer:
+        client = H2Client(peer)
+        got = await client.response(client.request(grpc_headers(INFO), message(b"")))
+    assert got.trailers[b"grpc-status"] == b"17" and got.trailers[b"grpc-message"] == b"odd"
+    assert NOT_CANONICAL in reported(proxy)
+
+
+@pytest.mark.parametrize("relay", ["frames", "grpc"])
+async def test_a_canonical_error_status_is_not_reported(raw_plugin, relay):
+    end = trailers((b"grpc-status", b"5"), (b"grpc-message", b"no such plugin info"))
+    _plugin, listen, proxy = await raw_plugin(answering_with(end), relay)
+    err = await call_info(listen)
+    assert err is not None and err.code() is grpc.StatusCode.NOT_FOUND
+    assert NOT_CANONICAL not in reported(proxy)
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        pytest.param(trailers((b"grpc-message", b"x")), id="none"),
+        pytest.param(trailers((b"grpc-status", b"abc")), id="not-a-number"),
+        pytest.param(ended_by_data, id="data-end"),
+    ],
+)
+async def test_grpc_relay_reports_a_missing_or_unreadable_status(raw_plugin, end):
+    """grpc reads the status itself behind the gRPC relay; what it cannot read is seen."""
+    _plugin, listen, proxy = await raw_plugin(answering_with(end), "grpc")
+    assert await call_info(listen) is not None
+    assert reported(proxy)[NOT_CANONICAL]["party"] == "plugin"
+
+
+async def test_an_ok_status_and_the_proxys_own_answers_are_not_judged(driver):
+    assert generic(await driver.call("csi.v1", "GetPluginInfo", raw_status="0")) == []
+    # the proxy's own answers carry no raw status of the plugin
+    got = await driver.call(
+        "csi.v1", "Probe", code=grpc.StatusCode.UNAVAILABLE, details="plugproxy: upstream down"
+    )
+    assert generic(got) == []
+    got = await driver.call("csi.v1", "Probe", code=grpc.StatusCode.UNKNOWN, raw_status="")
+    assert ("status-code-not-canonical", "plugin") in got
+
+
+@pytest.mark.parametrize(
+    ("spec", "rpc"), [("cosi.v1alpha1", "DriverGetInfo"), ("cmi.v1", "GetPluginInfo")]
+)
+async def test_status_code_rule_per_spec(spec, rpc):
+    d = Driver()
+    got = await d.call(spec, rpc, code=grpc.StatusCode.UNKNOWN, raw_status="42")
+    assert ("status-code-not-canonical", "plugin") in got
+    assert messages(d.last, "status-code-not-canonical") == [
+        "grpc-status 42 is outside the canonical codes 0-16 (read as UNKNOWN)"
+    ]
+
+
+# == bad-request-accepted ======================================================================
+
+
+async def test_ok_to_a_request_missing_a_required_field_is_the_plugins_fault(driver):
+    got = await driver.call("csi.v1", "DeleteVolume", v1("DeleteVolumeRequest"))
+    assert ("required-field", "co") in got and ("bad-request-accepted", "plugin") in got
+    (text,) = messages(driver.last, "bad-request-accepted")
+    assert text == (
+        "DeleteVolume answered OK to a request breaking csi.required-field at volume_id;"
+        " the spec prescribes INVALID_ARGUMENT"
+    )
+
+
+async def test_the_prescribed_answer_and_a_good_request_are_fine(driver):
+    refused = await driver.call(
+        "csi.v1", "DeleteVolume", v1("DeleteVolumeRequest"), code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert ("required-field", "co") in refused
+    assert ("bad-request-accepted", "plugin") not in refused
+    good = await driver.call("csi.v1", "DeleteVolume", v1("DeleteVolumeRequest", volume_id="v"))
+    assert generic(good) == []
+
+
+async def test_several_breaches_make_one_violation_naming_the_first(driver):
+    bad = v1("DeleteVolumeRequest", volume_id="v" * 10, secrets={"bad key": "x"})
+    bad.secrets["k" * 5000] = "y"
+    await driver.call("csi.v1", "DeleteVolume", bad)
+    (text,) = messages(driver.last, "bad-request-accepted")
+    assert "(and 1 more)" in text and "x" * 2 not in text
+
+
+async def test_rules_switched_off_enforced_or_without_an_answer_do_not_count():
+    off = Driver(rules={"csi.required-field": "off"})
+    assert generic(await off.call("csi.v1", "DeleteVolume", v1("DeleteVolumeRequest"))) == []
+    enforcing = Driver("enforce")
+    await enforcing.call("csi.v1", "DeleteVolume", v1("DeleteVolumeRequest"))
+    assert enforcing.last.rejected and generic(found(enforcing.last)) == []
+    # csi.capability-not-advertised prescribes no answer: the plugin's OK is its own choice
+    d = Driver()
+    d.caps("csi.v1", "controller")
+    got = await d.call("csi.v1", "DeleteVolume", v1("DeleteVolumeRequest", volume_id="v"))
+    assert ("capability-not-advertised", "co") in got and generic(got) == []
+
+
+async def test_call_order_breach_accepted_is_not_the_plugins_fault(driver):
+    """NodePublishVolume of a volume unstaged on this node: enforce answers it, but no error
+    row binds the plugin to (its row is for a missing staging_target_path)."""
+    await driver.call("csi.v1", "NodeStageVolume", stage_request())
+    unstage = v1("NodeUnstageVolumeRequest", volume_id="vol-1", staging_target_path=STAGE)
+    await driver.call("csi.v1", "NodeUnstageVolume", unstage)
+    got = await driver.call("csi.v1", "NodePublishVolume", publish_request())
+    assert ("call-order", "co") in got and ("bad-request-accepted", "plugin") not in got
+
+
+@pytest.mark.parametrize(
+    ("spec", "rpc", "fields"),
+    [
+        ("cosi.v1alpha1", "DriverDeleteBucket", {}),
+        ("cmi.v1", "DeleteMachine", {"ProviderSpec": b"x"}),
+        ("csi.v0", "DeleteVolume", {}),
+    ],
+)
+async def test_bad_request_accepted_per_spec(spec, rpc, fields):
+    d = Driver()
+    d.caps(spec, "controller", "CREATE_DELETE_VOLUME")
+    got = await d.call(spec, rpc, **fields)
+    assert ("required-field", "co") in got and ("bad-request-accepted", "plugin") in got
+
+
+async def test_a_real_plugin_refusing_a_bad_request_is_not_reported(tmp_path):
+    """The fake plugin answers INVALID_ARGUMENT to a missing volume_id, as prescribed."""
+    async with through_proxy("csi.v1", tmp_path) as (client, proxy):
+        await client.call("ControllerGetCapabilities")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.call("DeleteVolume", volume_id="")
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        rules = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
+    assert rules == {("csi.required-field", "co")}
+
+
+# == retry-without-change ======================================================================
+
+
+def create_request(name: str = "pvc-1", **extra: Any) -> Any:
+    return v1("CreateVolumeRequest", name=name, volume_capabilities=[mount()], **extra)
+
+
+async def test_an_unchanged_retry_after_already_exists_is_the_cos_fault(driver):
+    first = await driver.call(
+        "csi.v1", "CreateVolume", create_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert generic(first) == []
+    again = await driver.call("csi.v1", "CreateVolume", create_request(), code=OK)
+    assert ("retry-without-change", "co") in again
+    (text,) = messages(driver.last, "retry-without-change")
+    assert text.startswith("CreateVolume re-sent unchanged; the plugin answered the same request")
+    assert "ALREADY_EXISTS" in text and "MUST fix the arguments or use another name" in text
+
+
+async def test_a_changed_retry_or_one_after_a_transient_error_is_fine(driver):
+    await driver.call(
+        "csi.v1", "CreateVolume", create_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    changed = create_request(capacity_range={"required_bytes": 1 << 30})
+    assert generic(await driver.call("csi.v1", "CreateVolume", changed)) == []
+    for code in (
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.NOT_FOUND,  # "MUST verify the source ... before retrying": allowed
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    ):
+        request = create_request(name=f"pvc-{code.name}")
+        await driver.call("csi.v1", "CreateVolume", request, code=code)
+        assert generic(await driver.call("csi.v1", "CreateVolume", request)) == [], code
+
+
+async def test_retry_is_never_enforced():
+    d = Driver("enforce")
+    d.caps("csi.v1", "controller", "CREATE_DELETE_VOLUME")
+    d.caps("csi.v1", "plugin")
+    await d.call("csi.v1", "CreateVolume", create_request(), code=grpc.StatusCode.OUT_OF_RANGE)
+    got = await d.call("csi.v1", "CreateVolume", create_request())
+    assert not d.last.rejected and ("retry-without-change", "co") in got
+
+
+async def test_map_order_does_not_hide_a_retry(driver):
+    """A Go CO writes maps in random order: the same request may come as other bytes."""
+    base = create_request().SerializeToString()
+    entry_a = create_request(parameters={"a": "1"}).SerializeToString()[len(base) :]
+    entry_b = create_request(parameters={"b": "2"}).SerializeToString()[len(base) :]
+    one, two = base + entry_a + entry_b, base + entry_b + entry_a
+    assert one != two
+    await driver.call("csi.v1", "CreateVolume", raw=one, code=grpc.StatusCode.INVALID_ARGUMENT)
+    assert ("retry-without-change", "co") in await driver.call("csi.v1", "CreateVolume", raw=two)
+
+
+async def test_the_plugins_ok_to_the_retry_forgets_the_refusal(driver):
+    request = v1("ControllerGetVolumeRequest", volume_id="v")
+    await driver.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("retry-without-change", "co") in await driver.call(
+        "csi.v1", "ControllerGetVolume", request
+    )
+    assert generic(await driver.call("csi.v1", "ControllerGetVolume", request)) == []
+
+
+@pytest.mark.parametrize(
+    ("rpc", "req", "code"),
+    [
+        # "Caller SHOULD stop calling DeleteSnapshot" (part of a group): advisory
+        (
+            "DeleteSnapshot",
+            v1("DeleteSnapshotRequest", snapshot_id="s"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        # "Caller MAY verify volume capabilities ... and retry"
+        (
+            "ControllerExpandVolume",
+            v1(
+                "ControllerExpandVolumeRequest",
+                volume_id="v",
+                capacity_range={"required_bytes": 5},
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        # "The caller should correct the error and resubmit" (lower case)
+        (
+            "GetMetadataAllocated",
+            v1("GetMetadataAllocatedRequest", snapshot_id="s"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+        # "Caller SHOULD ensure that there are no other resources using the volume"
+        (
+            "DeleteVolume",
+            v1("DeleteVolumeRequest", volume_id="v"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ),
+        # "MUST fix the configuration of the volumes": outside the request
+        (
+            "CreateVolumeGroupSnapshot",
+            v1("CreateVolumeGroupSnapshotRequest", name="g", source_volume_ids=["a", "b"]),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ),
+    ],
+)
+async def test_rows_that_only_advise_or_ask_a_change_elsewhere_are_not_judged(
+    driver, rpc, req, code
+):
+    await driver.call("csi.v1", rpc, req, code=code)
+    assert ("retry-without-change", "co") not in await driver.call("csi.v1", rpc, req)
+
+
+async def test_staging_path_not_set_is_judged_only_when_that_is_the_condition(driver):
+    missing = publish_request(staging="")
+    await driver.call(
+        "csi.v1", "NodePublishVolume", missing, code=grpc.StatusCode.FAILED_PRECONDITION
+    )
+    got = await driver.call("csi.v1", "NodePublishVolume", missing)
+    assert ("retry-without-change", "co") in got
+    assert "MUST stage the volume first" in messages(driver.last, "retry-without-change")[0]
+    # Staging path set: "exceeds capabilities", whose recovery allows waiting and retrying.
+    other = publish_request(volume="vol-2")
+    await driver.call(
+        "csi.v1", "NodePublishVolume", other, code=grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert ("retry-without-change", "co") not in await driver.call(
+        "csi.v1", "NodePublishVolume", other
+    )
+
+
+async def test_node_expand_volume_in_use_must_not_be_retried(driver):
+    request = v1("NodeExpandVolumeRequest", volume_id="v", volume_path=TARGET)
+    await driver.call(
+        "csi.v1", "NodeExpandVolume", request, code=grpc.StatusCode.FAILED_PRECONDITION
+    )
+    got = await driver.call("csi.v1", "NodeExpandVolume", request)
+    assert ("retry-without-change", "co") in got
+    assert messages(driver.last, "retry-without-change")[0].endswith("the caller MUST NOT retry")
+
+
+async def test_requests_without_fields_are_never_judged_as_retries(driver):
+    """Several sidecars ask ControllerGetCapabilities with the same empty bytes."""
+    for _ in range(2):
+        got = await driver.call(
+            "csi.v1", "ControllerGetCapabilities", code=grpc.StatusCode.UNIMPLEMENTED
+        )
+        assert ("retry-without-change", "co") not in got
+    # an empty ListVolumes has fields, all unset: independent callers too
+    for _ in range(2):
+        got = await driver.call("csi.v1", "ListVolumes", code=grpc.StatusCode.UNIMPLEMENTED)
+        assert ("retry-without-change", "co") not in got
+
+
+async def test_csi_v0_unimplemented_is_judged_only_where_its_table_says_so():
+    d = Driver()
+    d.caps("csi.v0", "controller", "CREATE_DELETE_VOLUME")
+    d.caps("csi.v0", "plugin")
+    create = v0("CreateVolumeRequest", name="pvc", volume_capabilities=[mount()])
+    await d.call("csi.v0", "CreateVolume", create, code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("retry-without-change", "co") in await d.call("csi.v0", "CreateVolume", create)
+    validate_req = v0(
+        "ValidateVolumeCapabilitiesRequest", volume_id="v", volume_capabilities=[mount()]
+    )
+    await d.call(
+        "csi.v0", "ValidateVolumeCapabilities", validate_req, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("retry-without-change", "co") not in await d.call(
+        "csi.v0", "ValidateVolumeCapabilities", validate_req
+    )
+
+
+async def test_cosi_and_cmi_retries():
+    d = Driver()
+    bucket = {"name": "bucket-a", "parameters": {"tier": "cold"}}
+    await d.call("cosi.v1alpha1", "DriverCreateBucket", code=grpc.StatusCode.OUT_OF_RANGE, **bucket)
+    got = await d.call("cosi.v1alpha1", "DriverCreateBucket", **bucket)
+    assert ("retry-without-change", "co") in got
+    # §Concurrency: a repeat of a call that succeeded early may get ALREADY_EXISTS
+    other = {"name": "bucket-b"}
+    await d.call(
+        "cosi.v1alpha1", "DriverCreateBucket", code=grpc.StatusCode.ALREADY_EXISTS, **other
+    )
+    got = await d.call("cosi.v1alpha1", "DriverCreateBucket", **other)
+    assert ("retry-without-change", "co") not in got
+    machine = {"MachineName": "m-1", "ProviderSpec": b"{}"}
+    await d.call("cmi.v1", "CreateMachine", code=grpc.StatusCode.INVALID_ARGUMENT, **machine)
+    assert ("retry-without-change", "co") in await d.call("cmi.v1", "CreateMachine", **machine)
+
+
+async def test_a_refusal_is_forgotten_after_ten_minutes(clocked):
+    d, clock = clocked
+    request = v1("ControllerGetVolumeRequest", volume_id="v")
+    await d.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.INVALID_ARGUMENT)
+    clock.now += 599
+    assert ("retry-without-change", "co") in await d.call(
+        "csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert "599s ago" in messages(d.last, "retry-without-change")[0]
+    clock.now += 601
+    assert generic(await d.call("csi.v1", "ControllerGetVolume", request)) == []
+
+
+async def test_nothing_is_hashed_while_no_refusal_is_remembered(driver):
+    request = v1("ControllerGetVolumeRequest", volume_id="v")
+    await driver.call("csi.v1", "ControllerGetVolume", request)
+    assert "validate.digest" not in driver.last.stage_state
+    await driver.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.NOT_FOUND)
+    assert "validate.digest" not in driver.last.stage_state
+
+
+def test_memory_is_bounded():
+    mem = GenericMemory(SpecState(max_volumes=3))
+    for i in range(10):
+        mem.refuse(("CreateVolume", bytes([i])), "INVALID_ARGUMENT")
+        mem.changed[f"volume:{i}"] = ("NodeStageVolume", b"", 0.0)
+    assert len(mem.refused) == 3 and len(mem.changed) == 3
+
+
+async def test_a_real_co_retrying_a_refused_request(tmp_path):
+    knobs = FakeKnobs(
+        failures={"ControllerGetVolume": FailureRule(grpc.StatusCode.INVALID_ARGUMENT)}
+    )
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (client, proxy):
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await client.call("ControllerGetVolume", volume_id="vol-x")
+        found_rules = {
+            (e["rule"], e["party"], e["count"]) for e in stage_of(proxy).report.snapshot()
+        }
+    assert ("csi.retry-without-change", "co", 1) in found_rules
+
+
+# == not-idempotent ============================================================================
+
+
+async def test_a_repeated_stage_refused_as_already_existing_is_the_plugins_fault(driver):
+    assert generic(await driver.call("csi.v1", "NodeStageVolume", stage_request())) == []
+    got = await driver.call(
+        "csi.v1", "NodeStageVolume", stage_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") in got
+    (text,) = messages(driver.last, "not-idempotent")
+    assert text.startswith("NodeStageVolume repeated unchanged answered ALREADY_EXISTS")
+    # the memory stays: the same answer again is reported again
+    got = await driver.call(
+        "csi.v1", "NodeStageVolume", stage_request(), code=grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_repeats_answered_ok_or_transiently_are_fine(driver):
+    await driver.call("csi.v1", "NodeStageVolume", stage_request())
+    assert generic(await driver.call("csi.v1", "NodeStageVolume", stage_request())) == []
+    for code in (
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.NOT_FOUND,  # the volume deleted on the controller's socket
+        grpc.StatusCode.PERMISSION_DENIED,
+    ):
+        got = await driver.call("csi.v1", "NodeStageVolume", stage_request(), code=code)
+        assert ("not-idempotent", "plugin") not in got, code
+
+
+async def test_another_state_change_in_between_ends_the_repeat(driver):
+    await driver.call("csi.v1", "NodeStageVolume", stage_request())
+    unstage = v1("NodeUnstageVolumeRequest", volume_id="vol-1", staging_target_path=STAGE)
+    await driver.call("csi.v1", "NodeUnstageVolume", unstage)
+    got = await driver.call(
+        "csi.v1", "NodeStageVolume", stage_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert generic(got) == []
+
+
+async def test_a_failed_other_change_ends_the_repeat_too(driver):
+    await driver.call("csi.v1", "NodePublishVolume", publish_request())
+    readonly = publish_request(readonly=True)
+    await driver.call("csi.v1", "NodePublishVolume", readonly, code=grpc.StatusCode.ALREADY_EXISTS)
+    got = await driver.call(
+        "csi.v1", "NodePublishVolume", publish_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") not in got
+
+
+async def test_reads_in_between_do_not_end_the_repeat(driver):
+    await driver.call("csi.v1", "NodePublishVolume", publish_request())
+    stats = v1("NodeGetVolumeStatsRequest", volume_id="vol-1", volume_path=TARGET)
+    await driver.call("csi.v1", "NodeGetVolumeStats", stats)
+    got = await driver.call(
+        "csi.v1", "NodePublishVolume", publish_request(), code=grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_another_volume_at_the_same_target_path_ends_the_repeat(driver):
+    await driver.call("csi.v1", "NodePublishVolume", publish_request("vol-1"))
+    await driver.call("csi.v1", "NodePublishVolume", publish_request("vol-2"))
+    got = await driver.call(
+        "csi.v1", "NodePublishVolume", publish_request("vol-1"), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") not in got
+
+
+async def test_controller_repeats_are_judged_only_on_request_shaped_answers(driver):
+    """A peer replica may have moved the volume meanwhile: FAILED_PRECONDITION (published
+    elsewhere) is not judged on the controller; INVALID_ARGUMENT for what was valid is."""
+    publish = v1(
+        "ControllerPublishVolumeRequest",
+        volume_id="vol-1",
+        node_id="node-1",
+        volume_capability=mount(),
+    )
+    await driver.call("csi.v1", "ControllerPublishVolume", publish)
+    for code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
+        got = await driver.call("csi.v1", "ControllerPublishVolume", publish, code=code)
+        assert ("not-idempotent", "plugin") not in got
+    got = await driver.call(
+        "csi.v1", "ControllerPublishVolume", publish, code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_delete_repeat_not_found_is_left_to_the_delete_rule(driver):
+    delete = v1("DeleteVolumeRequest", volume_id="vol-1")
+    await driver.call("csi.v1", "DeleteVolume", delete)
+    got = await driver.call("csi.v1", "DeleteVolume", delete, code=grpc.StatusCode.NOT_FOUND)
+    assert ("not-idempotent", "plugin") not in got
+    got = await driver.call("csi.v1", "DeleteVolume", delete, code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_create_volume_repeat_already_exists_is_not_judged(driver):
+    """An expansion since the create (by volume id) may make the repeat incompatible."""
+    await driver.call(
+        "csi.v1",
+        "CreateVolume",
+        create_request(),
+        response=v1("CreateVolumeResponse", volume={"volume_id": "vol-1"}),
+    )
+    got = await driver.call(
+        "csi.v1", "CreateVolume", create_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") not in got
+
+
+async def test_a_snapshot_is_judged_once_an_answer_said_it_is_ready(driver):
+    request = v1("CreateSnapshotRequest", name="snap-1", source_volume_id="vol-1")
+
+    def answer(ready: bool) -> Any:
+        return v1(
+            "CreateSnapshotResponse",
+            snapshot={
+                "snapshot_id": "s-1",
+                "source_volume_id": "vol-1",
+                "creation_time": {"seconds": 1},
+                "ready_to_use": ready,
+            },
+        )
+
+    await driver.call("csi.v1", "CreateSnapshot", request, response=answer(False))
+    # uploading failed: "CreateSnapshot SHOULD return a corresponding gRPC error code"
+    got = await driver.call(
+        "csi.v1", "CreateSnapshot", request, code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") not in got
+    await driver.call("csi.v1", "CreateSnapshot", request, response=answer(True))
+    got = await driver.call(
+        "csi.v1", "CreateSnapshot", request, code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_csi_v0_snapshot_ready_by_status():
+    d = Driver()
+    d.caps("csi.v0", "controller", "CREATE_DELETE_SNAPSHOT")
+    request = v0("CreateSnapshotRequest", name="snap-1", source_volume_id="vol-1")
+
+    def answer(status: str) -> Any:
+        return v0(
+            "CreateSnapshotResponse",
+            snapshot={
+                "id": "s",
+                "source_volume_id": "vol-1",
+                "created_at": 1,
+                "status": {"type": status},
+            },
+        )
+
+    await d.call("csi.v0", "CreateSnapshot", request, response=answer("UPLOADING"))
+    got = await d.call("csi.v0", "CreateSnapshot", request, code=grpc.StatusCode.ALREADY_EXISTS)
+    assert ("not-idempotent", "plugin") not in got
+    await d.call("csi.v0", "CreateSnapshot", request, response=answer("READY"))
+    got = await d.call("csi.v0", "CreateSnapshot", request, code=grpc.StatusCode.ALREADY_EXISTS)
+    assert ("not-idempotent", "plugin") in got
+
+
+async def test_cosi_and_cmi_repeats():
+    d = Driver()
+    bucket = {"name": "bucket-a"}
+    await d.call("cosi.v1alpha1", "DriverCreateBucket", **bucket)
+    got = await d.call(
+        "cosi.v1alpha1", "DriverCreateBucket", code=grpc.StatusCode.ALREADY_EXISTS, **bucket
+    )
+    assert ("not-idempotent", "plugin") not in got  # §Concurrency allows it
+    got = await d.call(
+        "cosi.v1alpha1", "DriverCreateBucket", code=grpc.StatusCode.INVALID_ARGUMENT, **bucket
+    )
+    assert ("not-idempotent", "plugin") in got
+    machine = {"MachineName": "m-1", "ProviderSpec": b"{}"}
+    await d.call("cmi.v1", "CreateMachine", **machine)
+    got = await d.call("cmi.v1", "CreateMachine", code=grpc.StatusCode.OUT_OF_RANGE, **machine)
+    assert ("not-idempotent", "plugin") in got
+    await d.call("cmi.v1", "DeleteMachine", **machine)
+    got = await d.call("cmi.v1", "CreateMachine", code=grpc.StatusCode.OUT_OF_RANGE, **machine)
+    assert ("not-idempotent", "plugin") not in got
+
+
+async def test_a_repeat_is_forgotten_after_ten_minutes(clocked):
+    d, clock = clocked
+    await d.call("csi.v1", "NodeStageVolume", stage_request())
+    clock.now += 601
+    got = await d.call(
+        "csi.v1", "NodeStageVolume", stage_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert generic(got) == []
+
+
+@contextlib.asynccontextmanager
+async def fake_behind_proxy(
+    spec: str, tmp_path: Any, knobs: FakeKnobs | None = None
+) -> AsyncIterator[tuple[SpecClient, Any, FakePluginHandle]]:
+    """A bundled fake plugin behind a proxy in audit mode; its knobs may change live."""
+    plugin_sock = os.path.join(tmp_path, "fake.sock")
+    proxy_sock = os.path.join(tmp_path, "front.sock")
+    handle = await start_fake_plugin(spec, f"unix://{plugin_sock}", knobs)
+    proxy = await start_proxy(proxy_sock, plugin_sock)
+    client = SpecClient(f"unix://{proxy_sock}", spec)
+    try:
+        yield client, proxy, handle
+    finally:
+        await client.close()
+        await proxy.stop(0)
+        await handle.stop(0)
+
+
+async def test_a_real_plugin_forgetting_what_it_staged(tmp_path):
+    async with fake_behind_proxy("csi.v1", tmp_path) as (client, proxy, handle):
+        await client.call("ControllerGetCapabilities")
+        await client.call("NodeGetCapabilities")
+        node = (await client.call("NodeGetInfo")).node_id
+        cap = client.new("VolumeCapability", mount={}, access_mode={"mode": "SINGLE_NODE_WRITER"})
+        vol = (await client.call("CreateVolume", name="pvc-1", volume_capabilities=[cap])).volume
+        published = await client.call(
+            "ControllerPublishVolume",
+            volume_id=vol.volume_id,
+            node_id=node,
+            volume_capability=cap,
+            volume_context=dict(vol.volume_context),
+        )
+        fields = {
+            "volume_id": vol.volume_id,
+            "staging_target_path": STAGE,
+            "volume_capability": cap,
+            "publish_context": dict(published.publish_context),
+            "volume_context": dict(vol.volume_context),
+        }
+        await client.call("NodeStageVolume", **fields)
+        await client.call("NodeStageVolume", **fields)  # the fake plugin is idempotent
+        assert stage_of(proxy).report.snapshot() == []
+        # now it forgets it staged the volume
+        handle.plugin.knobs.failures["NodeStageVolume"] = FailureRule(
+            grpc.StatusCode.ALREADY_EXISTS, 1
+        )
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.call("NodeStageVolume", **fields)
+        rules = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
+    assert rules == {("csi.not-idempotent", "plugin")}
+
+
+# == unimplemented-advertised: services =========================================================
+
+
+async def test_a_controller_plugin_must_implement_validate_volume_capabilities():
+    d = Driver()
+    request = v1("ValidateVolumeCapabilitiesRequest", volume_id="v", volume_capabilities=[mount()])
+    got = await d.call(
+        "csi.v1", "ValidateVolumeCapabilities", request, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") not in got  # nothing says it serves it
+    caps = v1(
+        "GetPluginCapabilitiesResponse", capabilities=[{"service": {"type": "CONTROLLER_SERVICE"}}]
+    )
+    await d.call("csi.v1", "GetPluginCapabilities", response=caps)
+    got = await d.call(
+        "csi.v1", "ValidateVolumeCapabilities", request, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") in got
+    (text,) = messages(d.last, "unimplemented-advertised")
+    assert text == (
+        "ValidateVolumeCapabilities answered UNIMPLEMENTED but it is required of a plugin"
+        " serving the Controller service, which this plugin does (it advertises"
+        " CONTROLLER_SERVICE)"
+    )
+
+
+async def test_a_node_plugin_is_known_by_its_answers(clocked):
+    d, clock = clocked
+    unpublish = v1("NodeUnpublishVolumeRequest", volume_id="v", target_path=TARGET)
+    got = await d.call(
+        "csi.v1", "NodeUnpublishVolume", unpublish, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") not in got
+    await d.call("csi.v1", "NodeStageVolume", stage_request())
+    clock.now += 3
+    got = await d.call(
+        "csi.v1", "NodeUnpublishVolume", unpublish, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") in got
+    assert "(NodeStageVolume answered OK 3s ago)" in messages(d.last, "unimplemented-advertised")[0]
+    clock.now += 301  # the evidence is forgotten with the capabilities' five minutes
+    got = await d.call(
+        "csi.v1", "NodeUnpublishVolume", unpublish, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") not in got
+
+
+async def test_node_get_info_is_required_with_controller_publish():
+    d = Driver()
+    await d.call("csi.v1", "NodeGetCapabilities")
+    got = await d.call("csi.v1", "NodeGetInfo", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") not in got  # controller unknown
+    d.caps("csi.v1", "controller", "CREATE_DELETE_VOLUME")
+    got = await d.call("csi.v1", "NodeGetInfo", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") not in got
+    d.caps("csi.v1", "controller", "PUBLISH_UNPUBLISH_VOLUME")
+    got = await d.call("csi.v1", "NodeGetInfo", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") in got
+    assert (
+        "while the plugin advertises PUBLISH_UNPUBLISH_VOLUME"
+        in messages(d.last, "unimplemented-advertised")[0]
+    )
+
+
+async def test_csi_v0_node_plugins_implement_both_node_id_rpcs():
+    d = Driver()
+    got = await d.call("csi.v0", "NodeGetId", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") not in got
+    await d.call("csi.v0", "NodeGetCapabilities")
+    for rpc in ("NodeGetId", "NodeGetInfo"):
+        got = await d.call("csi.v0", rpc, code=grpc.StatusCode.UNIMPLEMENTED)
+        assert ("unimplemented-advertised", "plugin") in got, rpc
+
+
+@pytest.mark.parametrize(
+    ("service", "rpc", "req"),
+    [
+        ("GROUP_CONTROLLER_SERVICE", "GroupControllerGetCapabilities", None),
+        (
+            "SNAPSHOT_METADATA_SERVICE",
+            "GetMetadataDelta",
+            v1("GetMetadataDeltaRequest", base_snapshot_id="a", target_snapshot_id="b"),
+        ),
+    ],
+)
+async def test_advertised_services_must_have_their_rpcs(service, rpc, req):
+    d = Driver()
+    got = await d.call("csi.v1", rpc, req, code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") not in got
+    d.caps("csi.v1", "plugin", service)
+    got = await d.call("csi.v1", rpc, req, code=grpc.StatusCode.UNIMPLEMENTED)
+    assert ("unimplemented-advertised", "plugin") in got
+
+
+async def test_optional_rpcs_of_a_served_service_stay_optional(driver):
+    """CONTROLLER_SERVICE advertised, ControllerGetVolume without GET_VOLUME: UNIMPLEMENTED
+    is the right answer."""
+    request = v1("ControllerGetVolumeRequest", volume_id="v")
+    got = await driver.call(
+        "csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.UNIMPLEMENTED
+    )
+    assert ("unimplemented-advertised", "plugin") not in got
+
+
+async def test_a_real_controller_plugin_without_validate_volume_capabilities(tmp_path):
+    knobs = FakeKnobs(
+        failures={"ValidateVolumeCapabilities": FailureRule(grpc.StatusCode.UNIMPLEMENTED)}
+    )
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (client, proxy):
+        await client.call("GetPluginCapabilities")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.call(
+                "ValidateVolumeCapabilities",
+                volume_id="vol-x",
+                volume_capabilities=[
+                    client.new(
+                        "VolumeCapability", mount={}, access_mode={"mode": "SINGLE_NODE_WRITER"}
+                    )
+                ],
+            )
+        rules = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
+    assert ("csi.unimplemented-advertised", "plugin") in rules
