@@ -24,6 +24,7 @@ from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 OK = grpc.StatusCode.OK
 PKG = {"csi.v1": "csi.v1", "csi.v0": "csi.v0"}
 SERVICE = {
+    "CreateVolume": "Controller",
     "ListSnapshots": "Controller",
     "DeleteVolume": "Controller",
     "DeleteSnapshot": "Controller",
@@ -540,3 +541,51 @@ def test_v0_has_only_the_rules_that_apply_to_it():
         "csi.metadata-max-results",
         "csi.metadata-offset",
     }
+
+
+# -- csi.topology-outside-requisite --------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+async def test_a_volume_placed_outside_every_requisite_topology_is_found(spec):
+    """§CreateVolume: with requisite set, the volume MUST be accessible from a requisite
+    topology. A coarser entry (no rack) or another case of a key is within it."""
+    h = Harness(spec)
+    zone, rack = "topology.example.com/zone", "topology.example.com/rack"
+    requirement = h.new(
+        "TopologyRequirement",
+        requisite=[
+            h.new("Topology", segments={zone: "z1", rack: "r1"}),
+            h.new("Topology", segments={zone: "z2"}),
+        ],
+    )
+    cap = h.new("VolumeCapability", mount=h.new("VolumeCapability.MountVolume"))
+    cap.access_mode.mode = 1
+    req = h.new(
+        "CreateVolumeRequest",
+        name="pvc-1",
+        volume_capabilities=[cap],
+        accessibility_requirements=requirement,
+    )
+    id_field = "volume_id" if spec == "csi.v1" else "id"
+
+    def answer(*segments: dict[str, str]) -> Any:
+        volume = h.new(
+            "Volume",
+            **{id_field: "vol-1"},
+            accessible_topology=[h.new("Topology", segments=s) for s in segments],
+        )
+        return h.new("CreateVolumeResponse", volume=volume)
+
+    ours = "csi.topology-outside-requisite"
+    for fine in (
+        answer({zone: "z1"}),  # coarser than the first requisite topology
+        answer({"Topology.Example.com/Zone": "z2", rack: "r9"}),  # the second, finer
+        answer({zone: "z9"}, {zone: "z2"}),  # one of them is enough
+        answer(),  # no topology returned: not judged here
+    ):
+        assert ours not in [f[0] for f in await h.call("CreateVolume", req, [fine])]
+    found = await h.call("CreateVolume", req, [answer({zone: "z1", rack: "r2"}, {zone: "z3"})])
+    mine = [f for f in found if f[0] == ours]
+    assert [(f[1], f[2]) for f in mine] == [("plugin", "volume.accessible_topology")]
+    assert "z3" not in mine[0][3] and "none of the 2" in mine[0][3]

@@ -71,6 +71,21 @@ def _rules(title: str, v1: bool) -> list[Rule]:
             + ' MUST answer 0 OK for it instead ("This operation MUST be idempotent"). This'
             " MUST takes the case over from the SHOULD csi.error-code-unexpected.",
         ),
+        Rule(
+            "csi.topology-outside-requisite",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume returns an accessible_topology of which no entry lies within any"
+            " requisite topology of the request.",
+            reject_code=None,
+            note="With requisite set the volume MUST be accessible from at least one requisite"
+            " topology. An entry lies within a requisite topology when they agree on every"
+            " key both hold (keys case-insensitive): a coarser entry (zone without rack) is"
+            " legitimate. Only an answer every entry of which contradicts every requisite"
+            " topology is a sure breach; how many requisite topologies the volume reaches is"
+            " not judged.",
+        ),
     ]
     if not v1:
         return rules
@@ -443,10 +458,37 @@ def _delete_error(what: str, id_field: str) -> ErrorCheck:
     return check
 
 
+def _segments(topology: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in topology.segments.items()}
+
+
+def _within(entry: dict[str, str], requisite: dict[str, str]) -> bool:
+    return all(requisite.get(k, v) == v for k, v in entry.items())
+
+
+def _requisite_response(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    if not req.HasField("accessibility_requirements") or not resp.HasField("volume"):
+        return
+    requisite = [_segments(t) for t in req.accessibility_requirements.requisite]
+    returned = [_segments(t) for t in resp.volume.accessible_topology]
+    if not requisite or not returned:
+        return
+    if not any(_within(entry, r) for entry in returned for r in requisite):
+        yield Violation(
+            cs.rule("topology-outside-requisite"),
+            "volume.accessible_topology",
+            f"none of the {len(returned)} accessible_topology entries lies within any of the"
+            f" {len(requisite)} requisite topologies (each contradicts each on a shared key)",
+        )
+
+
 def hooks(title: str, v1: bool) -> Hooks:
     """The family's rules and checks for the CSI version cited as ``title``."""
     response_checks: dict[str, tuple[ResponseCheck, ...]] = {
         "ListSnapshots": (_list_filter_check("snapshot_id" if v1 else "id"),),
+        "CreateVolume": (_requisite_response,),
     }
     on_error: dict[str, tuple[ErrorCheck, ...]] = {
         "DeleteVolume": (_delete_error("volume", "volume_id"),),
