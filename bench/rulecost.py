@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import os
 import sys
@@ -24,6 +25,7 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import grpc
 from google.protobuf import json_format
@@ -34,6 +36,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from plugproxy import serve  # noqa: E402
 from plugproxy.api import Call, LazyMessage  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
+from plugproxy.rules.state import MAX_OBJECTS, SpecState  # noqa: E402
+from plugproxy.stages import validate  # noqa: E402
 from plugproxy.stages.validate import ValidateStage  # noqa: E402
 
 PKG = "csi.v1"
@@ -77,17 +81,11 @@ class Driver:
                 "--disable-metrics",
             ]
         )
-        self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
-        stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
-        self.stage = stage
-        for plan in stage._plans.values():  # one SpecState per spec, bounded for the run
-            plan.state.volumes = type(plan.state.volumes)(
-                max_volumes, plan.state.lifecycle_ttl, plan.state.clock
-            )
-            plan.state.creates = type(plan.state.creates)(
-                max_volumes, plan.state.lifecycle_ttl, plan.state.clock
-            )
-            plan.state.max_volumes = max_volumes
+        # Every spec's memory bounded at max_volumes, as SpecState's own default bounds it.
+        bounded = functools.partial(SpecState, max_volumes=max_volumes)
+        with mock.patch.object(validate, "SpecState", bounded):
+            self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
+        self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
         self.calls = 0
         self.sink: list[tuple[str, bytes, bytes | None]] | None = None
 
@@ -246,7 +244,7 @@ async def measure(volumes: int, max_volumes: int) -> dict[str, float]:
 async def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench/rulecost.py", description=__doc__.split("\n")[0])
     p.add_argument("--volumes", type=int, default=2000)
-    p.add_argument("--max-volumes", type=int, default=100_000)
+    p.add_argument("--max-volumes", type=int, default=MAX_OBJECTS)
     ns = p.parse_args(argv)
     r = await measure(ns.volumes, ns.max_volumes)
     print(f"{ns.volumes} volume lifecycles, {int(r['calls'])} calls judged (audit, every rule)")

@@ -188,8 +188,11 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §{{rpc}}",
             "A node path (staging_target_path, target_path, volume_path) the spec says MUST"
             " be absolute is set but relative; an empty optional path is not judged.",
+            reject_code=None,
             note="A Windows absolute path (drive letter or UNC) counts as absolute: kubelet"
-            " on Windows nodes passes c:\\ paths.",
+            " on Windows nodes passes c:\\ paths. Reported, never enforced: no error row"
+            " names a relative path, and conformance suites (csi-sanity) send one to a"
+            " NodeGetVolumeStats of a missing volume and expect the plugin's NOT_FOUND.",
         ),
         Rule(
             "csi.topology-key-format",

@@ -23,6 +23,11 @@ QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the
 # Call order faults show within minutes of the call they follow; older memory of a volume
 # nobody touched is more likely stale (another replica relayed the next step) than useful.
 LIFECYCLE_TTL = 3600.0
+# Objects (volumes, snapshots, paths, requests) each cache of a spec holds at most. The
+# rules keep about 6-9 KB per volume in use (bench/rulecost.py), so 20,000 bounds a spec's
+# memory near 150 MB in the worst case; a node sees a few hundred volumes, and a controller
+# acting on more within the hour forgets the oldest first: unknown history, never a fault.
+MAX_OBJECTS = 20_000
 
 _Part = TypeVar("_Part")
 
@@ -46,7 +51,7 @@ class SpecState:
 
     def __init__(
         self,
-        max_volumes: int = 100_000,
+        max_volumes: int = MAX_OBJECTS,
         capability_ttl: float = CAPABILITY_TTL,
         lifecycle_ttl: float = LIFECYCLE_TTL,
         clock: Callable[[], float] = time.monotonic,
