@@ -19,7 +19,6 @@ in bounded expiring memory (:class:`MachineMemory`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from plugproxy.rules.engine import (
     StateChange,
     Violation,
 )
+from plugproxy.rules.memory import ago, parts_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -262,18 +262,6 @@ def _required_capabilities(
 _PENDING_MAX = 8  # distinct capability answers kept between two GetPluginInfo answers
 
 
-def _digest(*parts: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        h.update(len(part).to_bytes(4, "big"))
-        h.update(part)
-    return h.digest()
-
-
-def _ago(seconds: float) -> str:
-    return f"{max(seconds, 0.0):.0f}s ago"
-
-
 @dataclass(slots=True)
 class _Machine:
     spec: bytes  # digest of the ProviderSpec
@@ -313,8 +301,11 @@ def _machine_ids(
         return
     mem = st.part(MachineMemory)
     now = st.clock()
-    spec = _digest(req.ProviderSpec)
-    provider_id, node_name = _digest(resp.ProviderID.encode()), _digest(resp.NodeName.encode())
+    spec = parts_digest(req.ProviderSpec)
+    provider_id, node_name = (
+        parts_digest(resp.ProviderID.encode()),
+        parts_digest(resp.NodeName.encode()),
+    )
     prev = mem.machines.get(req.MachineName)
     if call.method.name == "CreateMachine" and prev is not None and prev.spec == spec:
         differ = [
@@ -331,7 +322,7 @@ def _machine_ids(
                 differ[0],
                 f"CreateMachine repeated with the same MachineName and ProviderSpec returned"
                 f" another {' and '.join(differ)} than {prev.by} answered"
-                f" {_ago(now - prev.when)}",
+                f" {ago(now - prev.when)}",
             )
     if call.method.name == "GetMachineStatus" and prev is not None:
         spec = prev.spec  # a status names the VM; the ProviderSpec of its create still holds
@@ -389,7 +380,7 @@ def _plugin_info(
 ) -> Iterable[Violation]:
     mem = st.part(MachineMemory)
     now = st.clock()
-    key = _digest(resp.name.encode(), resp.version.encode())
+    key = parts_digest(resp.name.encode(), resp.version.encode())
     pending, mem.pending = mem.pending, []
     last, mem.info = mem.info, (key, now)
     if last is None or last[0] != key or now - last[1] > mem.ttl:
@@ -414,8 +405,8 @@ def _plugin_info(
             yield Violation(
                 cs.rule("capabilities-changed"),
                 "capabilities",
-                f"GetPluginCapabilities answered {_ago(now - when)} another set than"
-                f" {_ago(now - pinned.when)} ({change}) while GetPluginInfo's name and version"
+                f"GetPluginCapabilities answered {ago(now - when)} another set than"
+                f" {ago(now - pinned.when)} ({change}) while GetPluginInfo's name and version"
                 " stayed the same",
             )
         mem.pinned[key] = _Pinned(caps, when)  # compare the next answer with the latest

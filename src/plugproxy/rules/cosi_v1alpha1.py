@@ -13,8 +13,7 @@ DriverDeleteBucket error against the bucket it was seen to exist or to be delete
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from plugproxy.rules.engine import (
     StateChange,
     Violation,
 )
+from plugproxy.rules.memory import ago, map_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -233,20 +233,6 @@ def _bucket_id(
 _DEFINITE = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS", "OUT_OF_RANGE"})
 
 
-def _map_digest(m: Mapping[str, str]) -> bytes:
-    """A digest of a string map, independent of order; values are never kept."""
-    h = hashlib.blake2b(digest_size=16)
-    for key in sorted(m):
-        for part in (key.encode(), m[key].encode()):
-            h.update(len(part).to_bytes(4, "big"))
-            h.update(part)
-    return h.digest()
-
-
-def _ago(seconds: float) -> str:
-    return f"{max(seconds, 0.0):.0f}s ago"
-
-
 @dataclass(slots=True)
 class _Created:
     parameters: bytes  # digest of the request's parameters
@@ -281,14 +267,14 @@ def _create_idempotent(
         return
     mem = st.part(BucketMemory)
     now = mem.clock()
-    params = _map_digest(req.parameters)
+    params = map_digest(req.parameters)
     prev = mem.created.get(name)
     if prev is not None and prev.parameters != params:
         yield Violation(
             cs.rule("create-conflict-accepted"),
             "parameters",
             "DriverCreateBucket answered OK for a name DriverCreateBucket created"
-            f" {_ago(now - prev.when)} with other parameters (parameters differ); a bucket of"
+            f" {ago(now - prev.when)} with other parameters (parameters differ); a bucket of"
             " the same name with different parameters MUST get ALREADY_EXISTS",
         )
         return  # the bucket stays the one created first
@@ -297,7 +283,7 @@ def _create_idempotent(
             cs.rule("create-not-idempotent"),
             "bucket_id",
             "DriverCreateBucket repeated with the same name and parameters returned another"
-            f" bucket_id than it returned {_ago(now - prev.when)}",
+            f" bucket_id than it returned {ago(now - prev.when)}",
         )
     mem.created[name] = _Created(params, bucket_id, now)
     mem.seen[bucket_id] = _Seen(name, False, now)
@@ -317,7 +303,7 @@ def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Itera
 def _deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
     if req.bucket_id:
         mem = st.part(BucketMemory)
-        mem.seen[req.bucket_id] = _Seen("", True, mem.clock(), _map_digest(req.delete_context))
+        mem.seen[req.bucket_id] = _Seen("", True, mem.clock(), map_digest(req.delete_context))
 
 
 def _delete_error(
@@ -329,15 +315,15 @@ def _delete_error(
     seen = mem.seen.get(req.bucket_id)
     if seen is None:
         return  # a bucket this proxy never saw: unknown history
-    ago = _ago(mem.clock() - seen.when)
+    since = ago(mem.clock() - seen.when)
     if code == "NOT_FOUND":
         what = (
-            f"DriverDeleteBucket deleted it {ago}"
+            f"DriverDeleteBucket deleted it {since}"
             if seen.deleted
-            else f"DriverCreateBucket returned it {ago}, so it existed"
+            else f"DriverCreateBucket returned it {since}, so it existed"
         )
-    elif seen.deleted and seen.context == _map_digest(req.delete_context):
-        what = f"DriverDeleteBucket with the same delete_context deleted it {ago}"
+    elif seen.deleted and seen.context == map_digest(req.delete_context):
+        what = f"DriverDeleteBucket with the same delete_context deleted it {since}"
     else:
         return
     yield Violation(

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, CompiledSpec, Hooks, Rule, Violation
+from plugproxy.rules.memory import ago
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -212,10 +213,6 @@ class CapabilityMemory:
                 changes.append((self.confirmed[0], names, now - seen, now - self.confirmed[1]))
             self.confirmed = (names, seen)
         return changes
-
-
-def _ago(seconds: float) -> str:
-    return f"{seconds:.0f}s ago"
 
 
 @dataclass(frozen=True)
@@ -528,8 +525,8 @@ def _changed(
     return Violation(
         cs.rule("capabilities-changed"),
         "vendor_version",
-        f"GetPluginCapabilities answered {_ago(new_age)} {diff} compared with its answer"
-        f" {_ago(old_age)}, while GetPluginInfo's vendor_version stayed the same",
+        f"GetPluginCapabilities answered {ago(new_age)} {diff} compared with its answer"
+        f" {ago(old_age)}, while GetPluginInfo's vendor_version stayed the same",
         party=PLUGIN,
     )
 

@@ -7,7 +7,6 @@ version cites its own spec title in sections. csi.v0 names a few fields differen
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from plugproxy.rules.engine import (
     Violation,
     list_length,
 )
+from plugproxy.rules.memory import message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -460,10 +460,6 @@ def capability_names(response: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-def _digest(message: Any) -> bytes:
-    return hashlib.blake2b(message.SerializeToString(deterministic=True), digest_size=16).digest()
-
-
 def _confirms(confirmed: Any, requested: Any) -> bool:
     """Whether every field ``confirmed`` sets matches ``requested``; unset ones are tolerated.
 
@@ -685,7 +681,7 @@ class CsiChecks:
             yield from self._topology(cs, st, vol.accessible_topology, "volume.accessible_topology")
         vid = getattr(vol, self.volume_id)
         if req.name and vid:
-            digest = _digest(req)
+            digest = message_digest(req)
             prev = st.creates.get(req.name)
             if prev is not None and prev[0] == digest and prev[1] != vid:
                 yield Violation(

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cachetools import TTLCache
 
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation, list_length
+from plugproxy.rules.memory import ago, digest, map_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -55,31 +56,8 @@ MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest 
 _STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
 
 
-def _ago(seconds: float) -> str:
-    s = max(0, int(seconds))
-    if s < 120:
-        return f"{s}s ago"
-    if s < 7200:
-        return f"{s // 60}m ago"
-    return f"{s // 3600}h ago"
-
-
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
 def _value_digest(value: str) -> bytes:
     return hashlib.blake2b(value.encode(), digest_size=8).digest()
-
-
-def _map_digest(values: Mapping[str, str]) -> bytes:
-    """One digest of a map<string,string>, independent of order; empty maps digest alike."""
-    h = hashlib.blake2b(digest_size=16)
-    for key in sorted(values):
-        for part in (key.encode(), values[key].encode()):
-            h.update(len(part).to_bytes(4, "little"))
-            h.update(part)
-    return h.digest()
 
 
 def _entries(values: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
@@ -92,7 +70,7 @@ def _without(message: Any, name: str) -> bytes:
     copy = type(message)()
     copy.CopyFrom(message)
     copy.ClearField(name)
-    return _digest(copy.SerializeToString(deterministic=True))
+    return digest(copy.SerializeToString(deterministic=True))
 
 
 def _mode_name(capability: Any) -> str:
@@ -524,7 +502,7 @@ class ConsistencyChecks:
                 cs.rule("volume-context-changed"),
                 f"{where}.{self.f.volume_context}",
                 f"{where}.{self.f.volume_context} ({len(entries)} entries) differs from the"
-                f" one {prev.rpc} returned for this volume id {_ago(now - prev.at)}"
+                f" one {prev.rpc} returned for this volume id {ago(now - prev.at)}"
                 f" ({len(prev.entries)} entries)",
             )
         mem.contexts[vid] = _Context(entries, rpc, now)
@@ -550,7 +528,7 @@ class ConsistencyChecks:
                         cs.rule("volume-smaller-than-snapshot"),
                         "volume.capacity_bytes",
                         f"volume.capacity_bytes {cap} is below the size_bytes {snap.size} that"
-                        f" {snap.rpc} returned for the source snapshot {_ago(now - snap.at)}",
+                        f" {snap.rpc} returned for the source snapshot {ago(now - snap.at)}",
                     )
         values = getattr(vol, self.f.volume_context)
         prev = mem.contexts.get(vid)
@@ -568,7 +546,7 @@ class ConsistencyChecks:
                     f"volume.{self.f.volume_context}",
                     f"volume.{self.f.volume_context} ({len(entries)} entries) differs from the"
                     " one an identical CreateVolume returned for this volume id"
-                    f" {_ago(now - prev.at)} ({len(prev.entries)} entries)",
+                    f" {ago(now - prev.at)} ({len(prev.entries)} entries)",
                 )
             if prev is None or prev.entries != entries or prev.rpc != "CreateVolume":
                 mem.contexts[vid] = _Context(entries, "CreateVolume", now, args)
@@ -602,20 +580,20 @@ class ConsistencyChecks:
         given = getattr(req, name)
         if not given:
             return  # OPTIONAL in the request; proto3 cannot tell empty from not passed
-        ago = _ago(_mem(st).clock() - prev.at)
+        since = ago(_mem(st).clock() - prev.at)
         n = len(prev.entries)
         missing = differ = 0
-        for key, digest in prev.entries:
+        for key, kept in prev.entries:
             if key not in given:
                 missing += 1
-            elif _value_digest(given[key]) != digest:
+            elif _value_digest(given[key]) != kept:
                 differ += 1
         if missing or differ:
             yield Violation(
                 cs.rule("volume-context-mismatch"),
                 name,
                 f"{name} lacks {missing} and changes {differ} of the {n} entries CreateVolume"
-                f" returned for this volume {ago}",
+                f" returned for this volume {since}",
             )
 
     # -- publish_context and ControllerPublishVolume ------------------------------------
@@ -641,7 +619,7 @@ class ConsistencyChecks:
         if (
             self.f.v1
             and prev is not None
-            and _map_digest(getattr(resp, self.f.publish_context)) != prev.context
+            and map_digest(getattr(resp, self.f.publish_context)) != prev.context
             and prev.args == _without(req, self.f.publish_secrets)
             and self._trusted(mem, st, vid, node, prev.at)
         ):
@@ -649,7 +627,7 @@ class ConsistencyChecks:
                 cs.rule("publish-context-changed"),
                 self.f.publish_context,
                 f"{self.f.publish_context} differs from the one an identical"
-                f" ControllerPublishVolume returned {_ago(mem.clock() - prev.at)}, and the"
+                f" ControllerPublishVolume returned {ago(mem.clock() - prev.at)}, and the"
                 " volume was not unpublished since",
             )
         if not _mode_name(req.volume_capability).startswith("SINGLE_NODE"):
@@ -664,7 +642,7 @@ class ConsistencyChecks:
                     "node_id",
                     "ControllerPublishVolume answered OK although the volume, created with"
                     " single-node capabilities only, was ControllerPublished to another node"
-                    f" {_ago(mem.clock() - pub.at)} and not unpublished since; the errors"
+                    f" {ago(mem.clock() - pub.at)} and not unpublished since; the errors"
                     " table answers FAILED_PRECONDITION",
                 )
                 return
@@ -679,9 +657,9 @@ class ConsistencyChecks:
         pubs.pop(node, None)  # re-inserted last: the oldest go first when trimmed
         pubs[node] = _Publish(
             args=_without(req, self.f.publish_secrets),
-            context=_map_digest(context),
+            context=map_digest(context),
             context_size=len(context),
-            secrets=_map_digest(getattr(req, self.f.publish_secrets)),
+            secrets=map_digest(getattr(req, self.f.publish_secrets)),
             single_node=_mode_name(req.volume_capability).startswith("SINGLE_NODE"),
             at=mem.clock(),
         )
@@ -722,14 +700,14 @@ class ConsistencyChecks:
         if not candidates:
             return
         name = self.f.unpublish_secrets
-        secrets = _map_digest(getattr(req, name))
+        secrets = map_digest(getattr(req, name))
         if all(p.secrets != secrets for p in candidates):
             latest = max(p.at for p in candidates)
             yield Violation(
                 cs.rule("secrets-changed"),
                 name,
                 f"{name} differ from the secrets ControllerPublishVolume passed for this volume"
-                f" {_ago(mem.clock() - latest)} (compared as digests); they SHOULD be the same",
+                f" {ago(mem.clock() - latest)} (compared as digests); they SHOULD be the same",
             )
 
     def _publish_context_mismatch(
@@ -746,13 +724,13 @@ class ConsistencyChecks:
         name = self.f.publish_context
         given = getattr(req, name)
         # OPTIONAL in the request; proto3 cannot tell empty from not passed.
-        if not given or _map_digest(given) == pub.context:
+        if not given or map_digest(given) == pub.context:
             return
         yield Violation(
             cs.rule("publish-context-mismatch"),
             name,
             f"{name} ({len(given)} entries) differs from the one ControllerPublishVolume"
-            f" returned for this volume and node {_ago(mem.clock() - pub.at)}"
+            f" returned for this volume and node {ago(mem.clock() - pub.at)}"
             f" ({pub.context_size} entries)",
         )
 
@@ -810,7 +788,7 @@ class ConsistencyChecks:
                     cs.rule("staging-path-conflict"),
                     "staging_target_path",
                     "the volume is already staged at another staging_target_path on this node"
-                    f" (NodeStageVolume {_ago(mem.clock() - max(others))}, not unstaged since);"
+                    f" (NodeStageVolume {ago(mem.clock() - max(others))}, not unstaged since);"
                     " the CO SHALL ensure only one per volume",
                 )
         yield from self._context_mismatch(cs, st, req)
@@ -826,21 +804,21 @@ class ConsistencyChecks:
             yield Violation(
                 cs.rule("target-path-conflict"),
                 "target_path",
-                f"target_path is where another volume was published {_ago(mem.clock() - owner[1])}"
+                f"target_path is where another volume was published {ago(mem.clock() - owner[1])}"
                 " and not unpublished since; the CO SHALL ensure uniqueness of target_path per"
                 " volume",
             )
         if self.f.v1:
             vol = mem.volumes.get(req.volume_id)
             first = vol.targets.get(target) if vol is not None else None
-            if first is not None and first.capability != _digest(
+            if first is not None and first.capability != digest(
                 req.volume_capability.SerializeToString(deterministic=True)
             ):
                 yield Violation(
                     cs.rule("republish-different-capability"),
                     "volume_capability",
                     "NodePublishVolume again at the same target_path with another"
-                    f" volume_capability than the publication {_ago(mem.clock() - first.at)},"
+                    f" volume_capability than the publication {ago(mem.clock() - first.at)},"
                     " not unpublished since",
                 )
         yield from self._context_mismatch(cs, st, req)
@@ -857,13 +835,13 @@ class ConsistencyChecks:
         first = vol.targets.get(target)
         now = mem.clock()
         if first is not None:
-            capability = _digest(req.volume_capability.SerializeToString(deterministic=True))
+            capability = digest(req.volume_capability.SerializeToString(deterministic=True))
             if first.capability != capability:
                 yield Violation(
                     cs.rule("republish-answer"),
                     "",
                     "a second NodePublishVolume at the same target_path with another"
-                    f" volume_capability (the first {_ago(now - first.at)}) was answered OK;"
+                    f" volume_capability (the first {ago(now - first.at)}) was answered OK;"
                     " the plugin SHOULD answer FAILED_PRECONDITION (the table: ALREADY_EXISTS)",
                 )
         elif self.f.v1 and _mode_name(req.volume_capability) == "SINGLE_NODE_SINGLE_WRITER":
@@ -872,7 +850,7 @@ class ConsistencyChecks:
                 cs.rule("republish-answer"),
                 "",
                 "a second NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at another"
-                f" target_path (published at {len(vol.targets)} since {_ago(now - latest)}) was"
+                f" target_path (published at {len(vol.targets)} since {ago(now - latest)}) was"
                 " answered OK; the second-publish table answers FAILED_PRECONDITION",
             )
 
@@ -906,7 +884,7 @@ class ConsistencyChecks:
         target = _norm(req.target_path)
         vol.targets.pop(target, None)
         vol.targets[target] = _Target(
-            _digest(req.volume_capability.SerializeToString(deterministic=True)), now
+            digest(req.volume_capability.SerializeToString(deterministic=True)), now
         )
         _trim(vol.targets)
         vol.empty_since = None
@@ -974,7 +952,7 @@ class ConsistencyChecks:
         yield Violation(
             cs.rule("call-order"),
             "volume_id",
-            f"{rpc} of a volume CreateVolume returned {_ago(mem.clock() - vol.created_at)} and"
+            f"{rpc} of a volume CreateVolume returned {ago(mem.clock() - vol.created_at)} and"
             " not ControllerPublished to this node through this socket, while the controller"
             f" advertises PUBLISH_UNPUBLISH_VOLUME; the plugin answered {code}",
             enforceable=False,
@@ -991,7 +969,7 @@ class ConsistencyChecks:
             cs.rule("call-order"),
             "volume_id",
             "NodeExpandVolume of a volume neither staged nor published on this node"
-            f" ({vol.empty_by} {_ago(mem.clock() - vol.empty_since)}); it MUST follow"
+            f" ({vol.empty_by} {ago(mem.clock() - vol.empty_since)}); it MUST follow"
             " NodeStageVolume or NodePublishVolume",
             enforceable=False,
         )
@@ -1001,11 +979,11 @@ class ConsistencyChecks:
         pubs = mem.publishes.get(vid)
         if pubs:
             latest = max(p.at for p in pubs.values())
-            return f"ControllerPublished to {len(pubs)} node(s), the latest {_ago(now - latest)}"
+            return f"ControllerPublished to {len(pubs)} node(s), the latest {ago(now - latest)}"
         vol = mem.volumes.get(vid)
         if vol is not None and vol.in_use():
             since = min([*vol.staged.values(), *(t.at for t in vol.targets.values())])
-            return f"staged or published on this node since {_ago(now - since)}"
+            return f"staged or published on this node since {ago(now - since)}"
         return None
 
     def controller_expand_error(
@@ -1097,7 +1075,7 @@ class ConsistencyChecks:
             yield Violation(
                 cs.rule("delete-group-member"),
                 "snapshot_id",
-                f"DeleteSnapshot of a snapshot {snap.rpc} returned {_ago(mem.clock() - snap.at)}"
+                f"DeleteSnapshot of a snapshot {snap.rpc} returned {ago(mem.clock() - snap.at)}"
                 " with a group_snapshot_id: it is deleted with its group"
                 " (DeleteVolumeGroupSnapshot)",
             )
@@ -1117,7 +1095,7 @@ class ConsistencyChecks:
         yield Violation(
             cs.rule("snapshot-lost"),
             "snapshot_id",
-            f"GetSnapshot answered NOT_FOUND for a snapshot {snap.rpc} returned {_ago(age)},"
+            f"GetSnapshot answered NOT_FOUND for a snapshot {snap.rpc} returned {ago(age)},"
             " not yet ready to use and not deleted through this socket; recently created"
             " snapshots must be retrievable",
             party=PLUGIN,
@@ -1140,7 +1118,7 @@ class ConsistencyChecks:
         gid = group.group_snapshot_id
         if gid and gid not in mem.groups:
             mem.groups[gid] = _Group(
-                _map_digest(req.secrets),
+                map_digest(req.secrets),
                 "CreateVolumeGroupSnapshot",
                 mem.clock(),
                 tuple(s.snapshot_id for s in group.snapshots),
@@ -1158,7 +1136,7 @@ class ConsistencyChecks:
         gid = req.group_snapshot_id
         if gid and gid not in mem.groups:
             mem.groups[gid] = _Group(
-                _map_digest(req.secrets),
+                map_digest(req.secrets),
                 "GetVolumeGroupSnapshot",
                 mem.clock(),
                 tuple(s.snapshot_id for s in group.snapshots),
@@ -1169,12 +1147,12 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, mem: ConsistencyState, req: Any
     ) -> Iterable[Violation]:
         group = mem.groups.get(req.group_snapshot_id)
-        if group is not None and _map_digest(req.secrets) != group.secrets:
+        if group is not None and map_digest(req.secrets) != group.secrets:
             yield Violation(
                 cs.rule("secrets-changed"),
                 "secrets",
                 f"secrets differ from those {group.rpc} passed for this group snapshot"
-                f" {_ago(mem.clock() - group.at)} (compared as digests); they SHOULD be the"
+                f" {ago(mem.clock() - group.at)} (compared as digests); they SHOULD be the"
                 " same for all operations on it",
             )
 
@@ -1201,13 +1179,13 @@ class ConsistencyChecks:
         mem = _mem(st)
         if not mem.aborted or not req.starting_token:
             return
-        at = mem.aborted.get((call.method.name, _digest(req.starting_token.encode())))
+        at = mem.aborted.get((call.method.name, digest(req.starting_token.encode())))
         if at is not None:
             yield Violation(
                 cs.rule("list-restart-expected"),
                 "starting_token",
                 f"starting_token is the one {call.method.name} answered ABORTED (invalid)"
-                f" {_ago(mem.clock() - at)}; the listing SHOULD start again with an empty"
+                f" {ago(mem.clock() - at)}; the listing SHOULD start again with an empty"
                 " starting_token",
             )
 
@@ -1216,7 +1194,7 @@ class ConsistencyChecks:
     ) -> Iterable[Violation]:
         if code == "ABORTED" and req.starting_token:
             mem = _mem(st)
-            key = (call.method.name, _digest(req.starting_token.encode()))
+            key = (call.method.name, digest(req.starting_token.encode()))
             mem.aborted[key] = mem.clock()
         return ()
 
@@ -1224,7 +1202,7 @@ class ConsistencyChecks:
     def _token_handed_out(mem: ConsistencyState, call: Call, resp: Any) -> None:
         # A token the plugin hands out again is valid again.
         if mem.aborted and resp.next_token:
-            mem.aborted.pop((call.method.name, _digest(resp.next_token.encode())), None)
+            mem.aborted.pop((call.method.name, digest(resp.next_token.encode())), None)
 
     # -- snapshot metadata streams ------------------------------------------------------
 
@@ -1251,7 +1229,7 @@ class ConsistencyChecks:
                 cs.rule("metadata-restart-offset"),
                 "starting_offset",
                 f"starting_offset {start} is past the volume_capacity_bytes {capacity[0]} a"
-                f" metadata stream reported for this snapshot {_ago(now - capacity[1])}; it"
+                f" metadata stream reported for this snapshot {ago(now - capacity[1])}; it"
                 " SHOULD be 0 or the byte after the last range received",
             )
             return
@@ -1262,7 +1240,7 @@ class ConsistencyChecks:
                 "starting_offset",
                 f"starting_offset {start} is past the end {done.end} of the complete"
                 f" {call.method.name} stream this socket relayed for the same snapshot(s)"
-                f" {_ago(now - done.at)}: no range received ends there; it SHOULD be 0 or the"
+                f" {ago(now - done.at)}: no range received ends there; it SHOULD be 0 or the"
                 " byte after the last range received",
             )
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import threading
 import time
@@ -57,6 +56,7 @@ from plugproxy.rules.engine import (
     Violation,
     compile_table,
 )
+from plugproxy.rules.memory import ago, digest
 from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
 
@@ -153,13 +153,9 @@ def request_digest(call: Call) -> bytes | None:
         return None
     message = lazy.message
     data = message.SerializeToString(deterministic=True) if message is not None else lazy.raw
-    digest = hashlib.blake2b(data, digest_size=16).digest()
-    call.stage_state[_DIGEST] = digest
-    return digest
-
-
-def _ago(seconds: float) -> str:
-    return f"{seconds:.0f}s ago" if seconds >= 1 else "just before"
+    found = digest(data)
+    call.stage_state[_DIGEST] = found
+    return found
 
 
 def status_problem(raw: str) -> str:
@@ -469,7 +465,7 @@ class ValidateStage(Stage):
             plan.spec.rule("retry-without-change"),
             "",
             f"{plan.rpc} re-sent unchanged; the plugin answered the same request {code}"
-            f" {_ago(mem.clock() - when)}, and then the caller {recovery}",
+            f" {ago(mem.clock() - when)}, and then the caller {recovery}",
         )
 
     def _remember_accepted(self, plan: _Plan, call: Call, found: list[Violation]) -> None:
@@ -706,7 +702,7 @@ class ValidateStage(Stage):
             if seen is None:
                 return None
             rpc, when = seen
-            evidence = f"{rpc} answered OK {_ago(plan.memory.clock() - when)}"
+            evidence = f"{rpc} answered OK {ago(plan.memory.clock() - when)}"
         return (
             f"required of a plugin serving the {plan.service} service{because}, which this"
             f" plugin does ({evidence})"
@@ -807,7 +803,7 @@ class ValidateStage(Stage):
             plan.spec.rule("not-idempotent"),
             "",
             f"{plan.rpc} repeated unchanged answered {code}; the same request succeeded"
-            f" {_ago(mem.clock() - when)} and no other change of its objects was seen since"
+            f" {ago(mem.clock() - when)} and no other change of its objects was seen since"
             " (the operation MUST be idempotent)",
         )
 
