@@ -18,7 +18,7 @@ from plugproxy.api import Call, CallKind, MethodInfo
 from plugproxy.registry import Registry, load_spec
 from plugproxy.stages import metrics
 from plugproxy.stages.metrics import MetricsStage, go_code_name, register_process_metrics
-from tests.support import channel, wait_until
+from tests.support import channel, start_proxy, wait_until
 
 CSI = load_spec("csi.v1")
 INFO = "/csi.v1.Identity/GetPluginInfo"
@@ -389,3 +389,21 @@ def test_disabled_by_option_builds_nothing():
     assert metrics.build(ns, None) is None  # type: ignore[arg-type]
     ns = serve.parse_args([], environ={"PLUGPROXY_DISABLE_METRICS": "true"})
     assert metrics.build(ns, None) is None  # type: ignore[arg-type]
+
+
+async def test_a_fresh_proxy_exposes_what_the_alerts_compare_and_no_created_samples(plugin):
+    """Before any call: the gauges the alerts compare with a threshold have a sample, and no
+    `_created` sample doubles the series. The labelled counters the alerts watch have no
+    series yet; the alerts count a series from its birth (deploy/prometheus-alerts.test.yaml)."""
+    _, upstream, listen = plugin
+    proxy = await start_proxy(listen, upstream, *ADMIN, "--serialize", "wait")
+    try:
+        await wait_until(lambda: proxy.upstream.state.value == "up")
+        status, body = await http_get(proxy, "/metrics")
+    finally:
+        await proxy.stop(0)
+    assert status == 200
+    samples = parse(body)
+    assert value(samples, "plugproxy_upstream_up") == 1
+    assert value(samples, "plugproxy_serialization_queue_depth") == 0
+    assert "_created" not in body
