@@ -27,8 +27,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 # Kubernetes version the manifests must be valid for (oldest supported release we target).
 K8S_VERSION = "1.30"
-# Prometheus rule groups are a CRD kind and belong to the observability set, not here.
-NOT_WORKLOADS = {"prometheus-alerts.yaml"}
+# Prometheus rule groups are a CRD kind and belong to the observability set, not here; their
+# promtool unit tests are not a Kubernetes document at all (tests/test_deploy_alerts.py).
+NOT_WORKLOADS = {"prometheus-alerts.yaml", "prometheus-alerts.test.yaml"}
 EXPECTED = {
     "csi-node.yaml",
     "csi-controller.yaml",
