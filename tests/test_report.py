@@ -12,6 +12,7 @@ from plugproxy.endpoints import ConfigError
 from tests.support import channel, start_proxy, start_recorder
 
 DELETE = "/csi.v1.Controller/DeleteVolume"
+PROBE = "/csi.v1.Identity/Probe"
 
 
 async def test_report_prints_a_table_of_what_the_proxy_saw(tmp_path):
@@ -19,20 +20,39 @@ async def test_report_prints_a_table_of_what_the_proxy_saw(tmp_path):
     listen = str(tmp_path / "proxy.sock")
     server, plugin = await start_recorder(upstream)
     plugin.raw[DELETE] = lambda req: b""
+    plugin.raw[PROBE] = lambda req: b""
     # The recorder's OK to the bad request (csi.bad-request-accepted) is not what is counted.
     proxy = await start_proxy(
         listen, upstream, "--admin-listen", "127.0.0.1:0", "--rule", "csi.bad-request-accepted=off"
     )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        """The CLI entry point, as an operator runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "plugproxy", "report", "--admin", admin, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
     try:
         async with channel(listen) as ch:
             await ch.unary_unary(DELETE)(b"", timeout=5)
             await ch.unary_unary(DELETE)(b"", timeout=5)
+            await ch.unary_unary(PROBE)(b"", timeout=5)
         admin = f"http://127.0.0.1:{proxy.admin.port}"
         data = await asyncio.to_thread(report.fetch, admin)
-        # the CLI entry point, as an operator runs it
-        result = await asyncio.to_thread(
+        plain, gate, relaxed = await asyncio.gather(
+            asyncio.to_thread(cli),
+            asyncio.to_thread(cli, "--fail-on", "must"),
+            asyncio.to_thread(cli, "--fail-on", "never"),
+        )
+        # Piped into a reader that stops at the first line: no traceback.
+        piped = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "plugproxy", "report", "--admin", admin],
+            f"{sys.executable} -m plugproxy report --admin {admin} | head -n 1",
+            shell=True,
             capture_output=True,
             text=True,
             timeout=60,
@@ -44,11 +64,36 @@ async def test_report_prints_a_table_of_what_the_proxy_saw(tmp_path):
     out = io.StringIO()
     report.render(data, out)
     lines = out.getvalue().splitlines()
-    assert lines[0].split()[:5] == ["COUNT", "LEVEL", "PARTY", "RULE", "METHOD"]
-    assert lines[1].split()[:5] == ["2", "MUST", "co", "csi.required-field", DELETE]
-    assert lines[-1] == "2 violation(s)"
-    assert result.returncode == 0, result.stderr
-    assert "csi.required-field" in result.stdout
+    assert lines[0].split() == [
+        "COUNT",
+        "LEVEL",
+        "PARTY",
+        "RULE",
+        "METHOD",
+        "FIELD",
+        "SECTION",
+        "REQUEST_ID",
+        "LAST_SEEN",
+        "LAST_MESSAGE",
+    ]
+    assert lines[1].split()[:6] == ["2", "MUST", "co", "csi.required-field", DELETE, "volume_id"]
+    # the last call's request id, as the call log and the violation log line carry it
+    last_id = data["violations"][0]["last_request_id"]
+    assert last_id and last_id in lines[1]
+    # the denominator and the window: three calls judged (the probe had nothing wrong)
+    assert data["calls_judged"] == 3 and data["since"] <= data["until"]
+    assert lines[-1].startswith("2 violation(s) in 3 call(s) judged, ")
+    assert plain.returncode == 0 and relaxed.returncode == 0, plain.stderr
+    assert gate.returncode == 1 and "csi.required-field" in gate.stdout
+    assert piped.returncode == 0 and piped.stdout.startswith("COUNT")
+    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
+
+
+def test_fail_on_counts_the_level_asked_for_and_stronger():
+    data = {"violations": [{"level": "SHOULD", "count": 3}]}
+    assert report.failing(data, "must") == 0
+    assert report.failing(data, "should") == 3
+    assert report.failing(data, "never") == 0
 
 
 def test_empty_report():

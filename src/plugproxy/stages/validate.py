@@ -194,9 +194,21 @@ class ViolationReport:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.since = time.time()
+        # Calls the stage judged (their answer included): the report's denominator. Written
+        # on the event loop, read by the admin thread; an int is enough.
+        self.calls_judged = 0
 
     def add(
-        self, spec: str, rule: Rule, method: str, party: str, section: str, message: str
+        self,
+        spec: str,
+        rule: Rule,
+        method: str,
+        party: str,
+        section: str,
+        message: str,
+        field: str = "",
+        request_id: str = "",
     ) -> None:
         key = (rule.id, method, party)
         now = time.time()
@@ -211,10 +223,13 @@ class ViolationReport:
                     "level": rule.level,
                     "section": section,
                     "count": 0,
+                    "first_seen": now,
                 }
                 self._entries[key] = entry
             entry["count"] += 1
+            entry["last_field"] = field
             entry["last_message"] = message
+            entry["last_request_id"] = request_id
             entry["last_seen"] = now
 
     def snapshot(self) -> list[dict[str, Any]]:
@@ -222,13 +237,24 @@ class ViolationReport:
             entries = [dict(e) for e in self._entries.values()]
         entries.sort(key=lambda e: (-e["count"], e["rule"], e["method"]))
         for e in entries:
-            e["last_seen"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(e["last_seen"]))
+            e["first_seen"] = _utc(e["first_seen"])
+            e["last_seen"] = _utc(e["last_seen"])
         return entries
 
     def handler(self) -> tuple[int, str, bytes]:
         entries = self.snapshot()
-        body = {"total": sum(e["count"] for e in entries), "violations": entries}
+        body = {
+            "since": _utc(self.since),
+            "until": _utc(time.time()),
+            "calls_judged": self.calls_judged,
+            "total": sum(e["count"] for e in entries),
+            "violations": entries,
+        }
         return 200, "application/json", json.dumps(body, indent=1).encode() + b"\n"
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,6 +592,7 @@ class ValidateStage(Stage):
             self._record(plan, call, out, PLUGIN)
 
     def on_finish(self, call: Call) -> None:
+        self.report.calls_judged += 1
         if call.rejected:
             return
         plan = self._plans[call.method.path]
@@ -841,7 +868,9 @@ class ValidateStage(Stage):
             if request_id:
                 fields["request_id"] = request_id
             self.logger.warning("violation", **fields)
-            self.report.add(spec, rule, method, who, section, v.message)
+            self.report.add(
+                spec, rule, method, who, section, v.message, v.field, str(request_id or "")
+            )
             if self.counter is not None:
                 self.counter.labels(spec, rule.id, rule.level, who, method).inc()
 
