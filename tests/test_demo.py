@@ -24,6 +24,9 @@ def test_demo_runs_the_lifecycle_and_shows_each_capability():
     # a CO-side and a plugin-side breach, each under its rule
     assert "csi.name-banned-characters" in out
     assert "csi.capacity-out-of-range" in out
+    # whose answer each outcome is: audit mode lets the bad request reach the plugin
+    assert "the proxy lets it through, the fake plugin answers INVALID_ARGUMENT" in out
+    assert 'driver_name="unknown-driver"' not in out  # the first call already has the name
     assert "plugproxy_rpc_duration_seconds_count" in out
     assert '"password":"***"' in out
     assert "appears in the proxy's log: no" in out

@@ -279,6 +279,10 @@ async def test_driver_name_is_learned_from_get_plugin_info_on_the_wire(plugin):
     labels = {"method_name": CREATE, "grpc_status_code": "OK"}
     assert value(samples, csi, driver_name="unknown-driver", **labels) == 1
     assert value(samples, csi, driver_name="wire.example.com", **labels) == 1
+    # GetPluginInfo's own call is counted under the name it just told
+    info = {"method_name": INFO, "grpc_status_code": "OK"}
+    assert value(samples, csi, driver_name="wire.example.com", **info) == 1
+    assert value(samples, csi, driver_name="unknown-driver", **info) is None
 
 
 async def test_stream_messages_are_counted_per_direction(plugin):

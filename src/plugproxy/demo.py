@@ -215,8 +215,10 @@ async def show_violations(target: str, fake: Any, admin: str, out: TextIO) -> No
     capability = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
     async with grpc.aio.insecure_channel(target) as ch:
         outcome = await _call(ch, "/csi.v1.Controller/CreateVolume", {"name": "pvc-\u0007bell"})
+        # In audit mode the proxy lets the call through: the answer is the plugin's own.
         out.write(
-            f"  CO sends CreateVolume with a control character and no capabilities: {outcome}\n"
+            "  CO sends CreateVolume with a control character and no capabilities:"
+            f" the proxy lets it through, the fake plugin answers {outcome}\n"
         )
         fake.plugin.knobs.misbehave.add("create-volume-capacity-out-of-range")
         outcome = await _call(
@@ -229,7 +231,10 @@ async def show_violations(target: str, fake: Any, admin: str, out: TextIO) -> No
             },
         )
         fake.plugin.knobs.misbehave.clear()
-        out.write(f"  plugin answers CreateVolume with a capacity outside the range: {outcome}\n\n")
+        out.write(
+            "  the fake plugin answers CreateVolume with a capacity outside the range: the"
+            f" proxy passes the answer on, the CO gets {outcome}\n\n"
+        )
     report.render(report.fetch(admin), out)
 
 

@@ -259,6 +259,13 @@ class MetricsStage(Stage):
     def on_finish(self, call: Call) -> None:
         state = self._method(call.method)
         state.inflight.dec()
+        # GetPluginInfo names the driver: learnt before its own call is counted, so the
+        # first call is not the one series left with driver_name="unknown-driver".
+        if state.driver_info and call.code is grpc.StatusCode.OK and call.response is not None:
+            message = call.response.message
+            name = getattr(message, "name", "") if message is not None else ""
+            if name:
+                self.set_driver_name(name)
         elapsed = call.elapsed
         duration, csi = state.children(self, call.code)
         duration.observe(elapsed)
@@ -268,11 +275,6 @@ class MetricsStage(Stage):
             state.requests.inc(call.request_count)
         if state.responses is not None and call.response_count:
             state.responses.inc(call.response_count)
-        if state.driver_info and call.code is grpc.StatusCode.OK and call.response is not None:
-            message = call.response.message
-            name = getattr(message, "name", "") if message is not None else ""
-            if name:
-                self.set_driver_name(name)
 
     # -- driver name --------------------------------------------------------------------------
 
