@@ -43,21 +43,25 @@ async def test_report_prints_a_table_of_what_the_proxy_saw(tmp_path):
             await ch.unary_unary(PROBE)(b"", timeout=5)
         admin = f"http://127.0.0.1:{proxy.admin.port}"
         data = await asyncio.to_thread(report.fetch, admin)
-        plain, gate, relaxed = await asyncio.gather(
+        plain, gate, relaxed, markdown = await asyncio.gather(
             asyncio.to_thread(cli),
             asyncio.to_thread(cli, "--fail-on", "must"),
             asyncio.to_thread(cli, "--fail-on", "never"),
+            asyncio.to_thread(cli, "--format", "markdown"),
         )
-        # Piped into a reader that stops at the first line: no traceback.
-        piped = await asyncio.to_thread(
-            subprocess.run,
-            f"{sys.executable} -m plugproxy report --admin {admin} | head -n 1",
-            shell=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        # Piped into a reader that stops at the first line: no traceback, in any format.
+        piped = [
+            await asyncio.to_thread(
+                subprocess.run,
+                f"{sys.executable} -m plugproxy report --admin {admin} {fmt} | head -n 1",
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            for fmt in ("", "--format markdown", "--format json")
+        ]
     finally:
         await proxy.stop(0)
         await server.stop(0)
@@ -85,8 +89,12 @@ async def test_report_prints_a_table_of_what_the_proxy_saw(tmp_path):
     assert lines[-1].startswith("2 violation(s) in 3 call(s) judged, ")
     assert plain.returncode == 0 and relaxed.returncode == 0, plain.stderr
     assert gate.returncode == 1 and "csi.required-field" in gate.stdout
-    assert piped.returncode == 0 and piped.stdout.startswith("COUNT")
-    assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr
+    assert [p.stdout.split()[:2] for p in piped] == [["COUNT", "LEVEL"], ["|", "count"], ["{"]]
+    assert all(p.returncode == 0 and "Traceback" not in p.stderr for p in piped)
+    md = markdown.stdout.splitlines()
+    assert md[0].startswith("| count | level | party | rule | method | field |")
+    assert md[2].startswith(f"| 2 | MUST | co | csi.required-field | {DELETE} | volume_id |")
+    assert md[-1].startswith("2 violation(s) in 3 call(s) judged, ")
 
 
 def test_fail_on_counts_the_level_asked_for_and_stronger():

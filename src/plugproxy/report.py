@@ -42,7 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="base URL of the proxy's admin server (its --admin-listen)",
     )
     parser.add_argument(
-        "--format", choices=("table", "json"), default="table", help="output format"
+        "--format",
+        choices=("table", "markdown", "json"),
+        default="table",
+        help="output format (markdown: a table to paste into an audit record)",
     )
     parser.add_argument(
         "--timeout", type=float, default=5.0, help="seconds to wait for the admin server"
@@ -106,6 +109,21 @@ def render(data: dict[str, Any], out: TextIO, max_message: int = 80) -> None:
     out.write("\n")
 
 
+def _md(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(data: dict[str, Any], out: TextIO) -> None:
+    """The report as a Markdown table, every message whole, with its window and denominator."""
+    names = [HEADINGS.get(c, c) for c in COLUMNS]
+    out.write(f"| {' | '.join(names)} |\n|{'---|' * len(names)}\n")
+    for row in data["violations"]:
+        out.write(f"| {' | '.join(_md(row.get(c, '')) for c in COLUMNS)} |\n")
+    total = data.get("total", sum(int(r.get("count", 0)) for r in data["violations"]))
+    out.write(f"\n{total} violation(s) in {data.get('calls_judged', '?')} call(s) judged")
+    out.write(f", {data.get('since', '?')} to {data.get('until', '?')}\n")
+
+
 def failing(data: dict[str, Any], fail_on: str) -> int:
     """Violations at the ``fail_on`` level or stronger."""
     levels = FAIL_ON[fail_on]
@@ -118,6 +136,8 @@ async def run(ns: argparse.Namespace) -> int:
         if ns.format == "json":
             json.dump(data, sys.stdout, indent=1)
             sys.stdout.write("\n")
+        elif ns.format == "markdown":
+            render_markdown(data, sys.stdout)
         else:
             render(data, sys.stdout)
         sys.stdout.flush()

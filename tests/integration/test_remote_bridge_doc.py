@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 from plugproxy.registry import load_spec
 
@@ -113,3 +114,16 @@ def test_the_one_host_recipe_bridges_a_call_over_mutual_tls(on_one_host: Path):
         ch.unary_unary(INFO)(b"", timeout=10)
     assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert "spiffe://example.org/ns/default/sa/intruder" in (refused.value.details() or "")
+
+
+def test_the_cert_manager_recipe_fits_the_shipped_manifest():
+    """The page's Certificates parse, ask for the key usages each side needs, and the node
+    side's Secret is the one deploy/csi-node-remote.yaml mounts."""
+    text = PAGE.read_text()
+    (block,) = re.findall(r"```yaml\n(.*?)```", text[text.index("### With cert-manager") :], re.S)
+    node, appliance = yaml.safe_load_all(block)
+    assert node["kind"] == appliance["kind"] == "Certificate"
+    assert "client auth" in node["spec"]["usages"] and node["spec"]["uris"]
+    assert "server auth" in appliance["spec"]["usages"] and appliance["spec"]["dnsNames"]
+    manifest = (ROOT / "deploy" / "csi-node-remote.yaml").read_text()
+    assert f"secretName: {node['spec']['secretName']}" in manifest
