@@ -30,6 +30,7 @@ from plugproxy.relay.framerelay import FrameRelay
 from plugproxy.relay.grpcrelay import GrpcRelay
 from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
 from plugproxy.stages.metrics import register_process_metrics
+from plugproxy.tlslog import TlsDiagnostics, UpstreamTls
 from plugproxy.upstream import Upstream
 
 CORE_OPTIONS: list[Option] = [
@@ -167,6 +168,18 @@ class ProxyServer:
         # No `_created` sample beside each counter and histogram: nothing reads them, and they
         # double the series a scrape carries.
         disable_created_metrics()  # type: ignore[no-untyped-call]
+        # A tls:// endpoint: grpc's handshake failures become log lines and hints (run()
+        # routes standard error through it; an in-process server only gets the hints).
+        self.tls_diagnostics: TlsDiagnostics | None = None
+        upstream_url = self.settings.upstream
+        listen_tls = self.settings.listen.scheme is Scheme.TLS
+        if listen_tls or upstream_url.scheme is Scheme.TLS:
+            self.tls_diagnostics = TlsDiagnostics(
+                self.logger,
+                listen_tls,
+                upstream_url.url if upstream_url.scheme is Scheme.TLS else None,
+            )
+            self.upstream.tls_hint = self.tls_diagnostics.hint
         self.metrics = CollectorRegistry()
         self.runtime = Runtime(
             registry=self.registry, upstream=self.upstream, logger=self.logger, metrics=self.metrics
@@ -217,6 +230,20 @@ class ProxyServer:
         if listen.is_unix:
             restrict_socket(listen.path, self.ns.socket_mode)
         self.upstream.start()
+        diagnostics = self.tls_diagnostics
+        if diagnostics is not None and self.settings.upstream.scheme is Scheme.TLS:
+            up = self.settings.upstream
+            diagnostics.watch_upstream(
+                UpstreamTls(
+                    up.host,
+                    up.port,
+                    self.ns.tls_server_name or up.host,
+                    self.ns.tls_ca,
+                    self.ns.tls_cert,
+                    self.ns.tls_key,
+                ),
+                lambda: self.upstream.state is not UpstreamState.UP,
+            )
         probe = readiness.from_namespace(
             self.ns, self.upstream, self.registry.specs, asyncio.get_running_loop()
         )
@@ -273,6 +300,8 @@ class ProxyServer:
                 await stage.shutdown()
         if self.admin is not None:
             self.admin.stop()
+        if self.tls_diagnostics is not None:
+            await self.tls_diagnostics.close()
         await self.upstream.close()
         if self.settings.listen.is_unix:
             remove_socket(self.settings.listen.path)
@@ -302,13 +331,20 @@ async def run(ns: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal(sig.name))
+    diagnostics = server.tls_diagnostics
+    if diagnostics is not None:
+        diagnostics.start()  # this process's standard error: grpc's TLS lines become ours
     try:
-        await server.start()
-    except BaseException:
-        await server.stop(0)
-        raise
-    await stop.wait()
-    server.logger.info("shutting down", signal=received[0], grace_seconds=ns.shutdown_grace)
-    await server.stop()
-    server.logger.info("stopped")
+        try:
+            await server.start()
+        except BaseException:
+            await server.stop(0)
+            raise
+        await stop.wait()
+        server.logger.info("shutting down", signal=received[0], grace_seconds=ns.shutdown_grace)
+        await server.stop()
+        server.logger.info("stopped")
+    finally:
+        if diagnostics is not None:
+            diagnostics.stop()
     return 0

@@ -68,6 +68,8 @@ class Upstream:
         self._watcher: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[UpstreamState], None]] = []
         self._ready = asyncio.Event()
+        # For a tls:// upstream: why its handshakes fail, if anything says (plugproxy.tlslog).
+        self.tls_hint: Callable[[str], str | None] | None = None
 
     @property
     def address(self) -> str:
@@ -79,6 +81,11 @@ class Upstream:
 
     @property
     def reason(self) -> str:
+        # Read when asked: grpc reports a handshake failure just after the state changed.
+        if self._state is UpstreamState.DOWN and self.tls_hint is not None:
+            hint = self.tls_hint("")
+            if hint:
+                return f"{self._reason}: {hint}"
         return self._reason
 
     def add_listener(self, listener: Callable[[UpstreamState], None]) -> None:
@@ -149,8 +156,11 @@ class Upstream:
         return self.channel.get_state() is grpc.ChannelConnectivity.READY
 
     def unavailable_details(self, details: str) -> str:
-        """Name the upstream in an UNAVAILABLE that came from the connection, not the plugin."""
-        return f"plugproxy: upstream {self.address} unavailable: {details}"
+        """Name the upstream in an UNAVAILABLE that came from the connection, not the plugin,
+        and for a tls:// upstream the likely cause."""
+        hint = self.tls_hint(details) if self.tls_hint is not None else None
+        more = f"; {hint}" if hint else ""
+        return f"plugproxy: upstream {self.address} unavailable: {details}{more}"
 
     async def unary(
         self, method: str, request: bytes, timeout: float, metadata: Sequence[tuple[str, str]] = ()
