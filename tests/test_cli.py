@@ -66,6 +66,7 @@ def test_help_shows_each_default_as_it_would_be_written():
         "(default: 1m)",  # --plugin-wait
         "(default: 127.0.0.1:9808)",  # --admin-listen
         "(default: audit)",  # --validation
+        "/metrics and /violations",  # what the admin server serves
     ):
         assert shown in text, shown
 

@@ -80,7 +80,7 @@ CORE_OPTIONS: list[Option] = [
     ),
     Option(
         "--admin-listen",
-        "admin HTTP server for /healthz, /readyz, /metrics (HOST:PORT or off)",
+        "admin HTTP server for /healthz, /readyz, /metrics and /violations (HOST:PORT or off)",
         default="127.0.0.1:9808",
         metavar="HOST:PORT",
     ),
