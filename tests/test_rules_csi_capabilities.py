@@ -113,7 +113,7 @@ def v1_and_v0() -> Any:
 
 # -- the contract: ids, levels, parties, answers ----------------------------------------------
 
-PLANNED = {
+FAMILY_RULES = {
     # id: (level, party, reject_code)
     "csi.field-without-capability": (MUST, CO, "INVALID_ARGUMENT"),
     "csi.field-missing-with-capability": (MUST, CO, "FAILED_PRECONDITION"),
@@ -127,9 +127,9 @@ PLANNED = {
 
 
 @v1_and_v0()
-def test_rules_as_planned_in_both_tables(spec):
+def test_the_family_rules_in_both_tables(spec):
     rules = {r.id: r for r in TABLES[spec].rules}
-    for rid, (level, party, code) in PLANNED.items():
+    for rid, (level, party, code) in FAMILY_RULES.items():
         if spec == "csi.v0" and rid in V1_ONLY:
             assert rid not in rules  # v0.3 has no such field or capability
             continue
