@@ -16,7 +16,12 @@ from plugproxy.api import Call, LazyMessage, Runtime
 from plugproxy.fakes import FailureRule, FakeKnobs
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
-from plugproxy.rules.csi_responses import TUPLES_JUDGED
+from plugproxy.rules.csi_responses import (
+    STREAM_KEY,
+    STREAM_TUPLES_JUDGED,
+    TUPLES_JUDGED,
+    TUPLES_SAMPLED,
+)
 from plugproxy.sampling import SAMPLE_MIN_BYTES, picked_indices
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
@@ -589,3 +594,32 @@ async def test_a_volume_placed_outside_every_requisite_topology_is_found(spec):
     mine = [f for f in found if f[0] == ours]
     assert [(f[1], f[2]) for f in mine] == [("plugin", "volume.accessible_topology")]
     assert "z3" not in mine[0][3] and "none of the 2" in mine[0][3]
+
+
+async def test_a_long_stream_is_read_within_its_budget_and_still_judged_across_messages():
+    """Once a stream has read STREAM_TUPLES_JUDGED tuples, each further message is read on
+    a sample of TUPLES_SAMPLED (first and last always): a 100,000-block stream costs
+    milliseconds. Order across messages is still judged exactly."""
+    h = Harness()
+    req = h.new("GetMetadataAllocatedRequest", snapshot_id="s1")
+    per, messages = 1000, 30
+    stream = [metadata(h, blocks(m * per * 2, per)) for m in range(messages)]
+    assert await h.call("GetMetadataAllocated", req, stream) == []
+    # the last message starts inside the one before it: found at the message boundary
+    late = [*stream[:-1], metadata(h, blocks((messages - 1) * per * 2 - 4, per))]
+    method = h.registry.lookup("/csi.v1.SnapshotMetadata/GetMetadataAllocated")
+    call = Call(method, (), [], 5.0)
+    call.request = LazyMessage(req.SerializeToString(), method.request_class)
+    h.stage.on_start(call)
+    for resp in late:
+        lazy = LazyMessage(resp.SerializeToString(), method.response_class)
+        call.response = lazy
+        h.stage.on_response(call, lazy)
+    read = call.stage_state[STREAM_KEY].read
+    assert read <= STREAM_TUPLES_JUDGED + TUPLES_JUDGED + messages * (TUPLES_SAMPLED + 2)
+    assert read < messages * per // 5  # of 30,000 tuples
+    h.stage.on_finish(call)
+    found = [e.attributes for e in call.events if e.name == "violation"]
+    assert [(f["rule"], f["field"]) for f in found] == [
+        ("csi.metadata-order", "block_metadata[0].byte_offset")
+    ]

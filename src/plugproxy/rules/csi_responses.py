@@ -37,10 +37,15 @@ if TYPE_CHECKING:
 
 # call.stage_state key of a metadata stream's memory (_Stream).
 STREAM_KEY = "csi_responses.metadata"
-# Tuples of one metadata message read at most (about 1 µs each): all of a message up to
-# this many, else a head and a spread (plugproxy.sampling.picked_indices), each tuple with
-# its predecessor so that order is judged between neighbours on the wire.
+# Tuples of one metadata message read (about 2 µs each): all of a message up to
+# TUPLES_JUDGED while the stream has read fewer than STREAM_TUPLES_JUDGED, then
+# TUPLES_SAMPLED a message; beyond that a head and a spread (plugproxy.sampling.
+# picked_indices), each tuple with its predecessor so that order is judged between
+# neighbours on the wire, and first and last always (the order across messages). A
+# 100,000-block stream thus costs milliseconds, not a fifth of a second.
 TUPLES_JUDGED = 1024
+STREAM_TUPLES_JUDGED = 2048
+TUPLES_SAMPLED = 16
 
 
 def _rules(title: str, v1: bool) -> list[Rule]:
@@ -309,6 +314,7 @@ class _Stream:
     last_offset: int = 0
     last_end: int | None = None  # end of the stream's last tuple; None: no tuple yet
     last_message: int = 0  # the message that held it
+    read: int = 0  # tuples read so far (the stream's budget, see TUPLES_JUDGED)
     reported: set[str] = field(default_factory=set)  # rules reported on this stream
 
 
@@ -370,19 +376,20 @@ def _metadata_stream(
     blocks = resp.block_metadata
     if not blocks:
         return out
-    # The tuples read: all of a message of up to TUPLES_JUDGED, else a head and a spread,
-    # each with the tuple before it; first and last always (the order across messages).
+    # The tuples read (see TUPLES_JUDGED): all, or a head and a spread with predecessors.
     count = len(blocks)
+    budget = TUPLES_JUDGED if stream.read < STREAM_TUPLES_JUDGED else TUPLES_SAMPLED
     positions: Sequence[int] = range(count)
-    if count > TUPLES_JUDGED:
-        picked = picked_indices(count, TUPLES_JUDGED // 2)
-        positions = sorted({q for p in picked for q in (p - 1, p) if q >= 0})
+    if count > budget:
+        picked = picked_indices(count, budget // 2)
+        positions = sorted({q for p in picked for q in (p - 1, p) if q >= 0} | {count - 1})
+    stream.read += len(positions)
     offsets = [blocks[p].byte_offset for p in positions]
     sizes = [blocks[p].size_bytes for p in positions]
     # Wire index of each tuple read: the message itself may be a sample (plugproxy.sampling).
     real = _real_indices(call, "block_metadata")
     wire = positions if real is None else [real[p] for p in positions]
-    partial = real is not None or count > TUPLES_JUDGED
+    partial = real is not None or count > budget
 
     empty = [k for k, size in enumerate(sizes) if size <= 0]
     if empty:

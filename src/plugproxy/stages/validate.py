@@ -606,7 +606,9 @@ class ValidateStage(Stage):
             if plan.on_success and call.request is not None:
                 req = call.request.message
                 if req is not None:
-                    resp = call.response.message if call.response is not None else None
+                    # The sample on_response decoded: never a second, whole decode of a
+                    # long listing for bookkeeping that reads ids, not every entry.
+                    resp = call.response.sampled if call.response is not None else None
                     for hook in plan.on_success:
                         hook(plan.state, call, req, resp)
             if plan.needs_service is not None:
