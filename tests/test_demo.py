@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,32 @@ def test_demo_runs_the_lifecycle_and_shows_each_capability():
     assert '"password":"***"' in out
     assert "appears in the proxy's log: no" in out
     assert SECRET not in out + result.stderr
+
+
+def test_demo_trace_prints_one_trace_from_the_co_through_the_proxy_into_the_plugin():
+    result = subprocess.run(
+        [sys.executable, "-m", "plugproxy", "demo", "--trace"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"{len(LIFECYCLE)}/{len(LIFECYCLE)} calls succeeded" in out
+    section = out.split("5. One call traced end to end (OpenTelemetry):\n", 1)[1]
+    trace_id = re.search(r"trace ([0-9a-f]{32}), 4 spans:", section)
+    assert trace_id is not None and int(trace_id.group(1), 16) != 0
+    rows = re.findall(r"^ {4}( *(?:└─ )?\S.*?) +span ([0-9a-f]{16}) +([0-9.]+) ms$", section, re.M)
+    path = "csi.v1.Controller/CreateVolume"
+    assert [label for label, _, _ in rows] == [
+        f"co CLIENT /{path}",
+        f"└─ plugproxy SERVER {path}",
+        f"   └─ plugproxy CLIENT {path}",
+        f"      └─ fake-csi-plugin SERVER /{path}",
+    ]
+    assert len({span_id for _, span_id, _ in rows}) == 4
+    durations = [float(ms) for _, _, ms in rows]
+    assert durations[1] >= durations[2] >= durations[3] > 0  # each within its parent
+    assert "NOT one chain" not in section
+    assert "has the proxy's client span as parent" in section

@@ -8,13 +8,13 @@ from typing import Any
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from plugproxy.api import Call, Reject, Stage
 from plugproxy.endpoints import ConfigError
+from plugproxy.fakes.collector import TraceCollector, start_collector
 from plugproxy.registry import load_spec
 from plugproxy.stages import tracing
 from plugproxy.stages.tracing import TracingStage, build_from_env, sampler_from_env
@@ -32,38 +32,9 @@ def create_request(name: str = "pvc-1") -> bytes:
     return cls(name=name).SerializeToString()
 
 
-class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    """An OTLP/gRPC trace receiver: the collector's Export RPC, recording what arrives."""
-
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-        self.received = asyncio.Event()
-
-    async def Export(self, request: Any, context: Any) -> Any:
-        self.requests.append(request)
-        self.received.set()
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def spans(self) -> list[Any]:
-        return [
-            span
-            for req in self.requests
-            for rs in req.resource_spans
-            for ss in rs.scope_spans
-            for span in ss.spans
-        ]
-
-    def resources(self) -> list[Any]:
-        return [rs.resource for req in self.requests for rs in req.resource_spans]
-
-
-async def start_receiver() -> tuple[grpc.aio.Server, TraceReceiver, int]:
-    receiver = TraceReceiver()
-    server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return server, receiver, port
+async def start_receiver() -> tuple[grpc.aio.Server, TraceCollector, int]:
+    handle = await start_collector()
+    return handle.server, handle.collector, handle.port
 
 
 class Violating(Stage):

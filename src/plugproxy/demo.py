@@ -6,6 +6,7 @@ Everything runs on temporary UNIX sockets with real gRPC; nothing is left behind
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import sys
 import tempfile
@@ -110,12 +111,30 @@ LIFECYCLE: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# The call `--trace` makes: a volume, so the proxy's span carries its resource key.
+TRACED_CALL: tuple[str, dict[str, Any]] = (
+    "/csi.v1.Controller/CreateVolume",
+    {
+        "name": "pvc-demo-traced",
+        "volume_capabilities": [
+            {"mount": {"fs_type": "ext4"}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+        ],
+    },
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--proxy-log",
         choices=("excerpt", "stderr"),
         default="excerpt",
         help="show an excerpt of the proxy's log (default) or all of it on stderr",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also trace one call with OpenTelemetry through CO, proxy and plugin, and print"
+        " the trace as a tree",
     )
 
 
@@ -269,7 +288,9 @@ async def run(ns: argparse.Namespace) -> int:
     out = sys.stdout
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/csi.sock"
-        fake = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}")
+        traced = await _start_tracing() if ns.trace else None
+        provider = traced.plugin_provider if traced is not None else None
+        fake = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}", tracer_provider=provider)
         proxy_ns = serve.parse_args(
             [
                 *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
@@ -278,7 +299,8 @@ async def run(ns: argparse.Namespace) -> int:
             environ={},
         )
         log = _Tee(echo=ns.proxy_log == "stderr")
-        proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
+        with traced.proxy_environment() if traced is not None else contextlib.nullcontext():
+            proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
         await proxy.start()
         await proxy.upstream.wait_ready(5)
         assert proxy.admin is not None
@@ -288,6 +310,7 @@ async def run(ns: argparse.Namespace) -> int:
         out.write(f"  CO socket     unix://{proxy_sock}\n  plugin socket unix://{plugin_sock}\n")
         out.write(f"  admin         {admin}  (/metrics /healthz /readyz /violations)\n\n")
         out.write("1. Volume lifecycle through the proxy:\n")
+        trace_whole = True
         try:
             failures = await drive_lifecycle(target, tmp, out)
             out.write(f"\n  {len(LIFECYCLE) - failures}/{len(LIFECYCLE)} calls succeeded\n\n")
@@ -297,7 +320,20 @@ async def run(ns: argparse.Namespace) -> int:
             show_metrics(admin, out)
             out.write("\n4. The call log, secrets redacted (CreateVolume with payloads):\n")
             show_log_excerpt(log.getvalue(), out)
+            if traced is not None:
+                out.write("\n5. One call traced end to end (OpenTelemetry):\n")
+                trace_whole = await traced.show(target, "csi.v1", *TRACED_CALL, proxy.stages, out)
         finally:
             await proxy.stop(1)
             await fake.stop(0)
-        return 0 if failures == 0 and SECRET not in log.getvalue() else 1
+            if traced is not None:
+                await traced.stop()
+        ok = failures == 0 and trace_whole and SECRET not in log.getvalue()
+        return 0 if ok else 1
+
+
+async def _start_tracing() -> Any:
+    # Imported here: the SDK, the exporter and the instrumentation load only for --trace.
+    from plugproxy.demo_trace import TracedDemo  # noqa: PLC0415
+
+    return await TracedDemo.start("csi.v1")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
 from plugproxy.endpoints import ConfigError
 from plugproxy.fakes.knobs import knobs_from_flags
 from plugproxy.fakes.misbehave import catalogue
+from plugproxy.fakes.otel import tracer_provider_from_env
 from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
 
 
@@ -61,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="name reported by GetPluginInfo / DriverGetInfo",
     )
     parser.add_argument(
+        "--otel",
+        dest="fake_otel",
+        action="store_true",
+        help="a server span per call (opentelemetry-instrumentation-grpc), continuing the"
+        " caller's traceparent; exported as the standard OTEL_* environment says"
+        " (OTEL_TRACES_EXPORTER defaults to otlp)",
+    )
+    parser.add_argument(
         "--list-misbehaviours",
         dest="fake_list_misbehaviours",
         action="store_true",
@@ -88,8 +98,15 @@ async def run(ns: argparse.Namespace) -> int:
     knobs = knobs_from_flags(
         spec, ns.fake_delay, ns.fake_fail, ns.fake_misbehave, ns.fake_plugin_name
     )
-    handle = await start_fake_plugin(spec, ns.fake_listen, knobs)
-    print(f"fake {spec} plugin listening on {handle.url}", file=sys.stderr, flush=True)
+    provider = tracer_provider_from_env(os.environ, spec) if ns.fake_otel else None
+    try:
+        handle = await start_fake_plugin(spec, ns.fake_listen, knobs, tracer_provider=provider)
+    except BaseException:
+        if provider is not None:
+            provider.shutdown()
+        raise
+    traced = "" if provider is None else " (traced)"
+    print(f"fake {spec} plugin listening on {handle.url}{traced}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -101,6 +118,9 @@ async def run(ns: argparse.Namespace) -> int:
         for sig in signals:
             loop.remove_signal_handler(sig)
         await handle.stop(grace=1.0)
+        if provider is not None:
+            # Exports the spans still batched; blocking, so off the event loop.
+            await asyncio.to_thread(provider.shutdown)
     return 0
 
 

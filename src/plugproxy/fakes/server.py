@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 
 from plugproxy.api import CallKind, MethodInfo
 from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
+from plugproxy.fakes import otel
 from plugproxy.fakes.base import FakePlugin
 from plugproxy.fakes.cmi import FakeCmiV1
 from plugproxy.fakes.common import FakeError, ServicerContext
@@ -134,9 +135,14 @@ def _prepare_unix_path(path: str) -> None:
 
 
 async def start_fake_plugin(
-    spec: str, listen: str, knobs: FakeKnobs | None = None
+    spec: str, listen: str, knobs: FakeKnobs | None = None, *, tracer_provider: Any = None
 ) -> FakePluginHandle:
-    """Start a fake plugin of ``spec`` on ``listen`` (unix:///path or tcp://host:port)."""
+    """Start a fake plugin of ``spec`` on ``listen`` (unix:///path or tcp://host:port).
+
+    With an OpenTelemetry ``tracer_provider`` every call gets a server span from
+    opentelemetry-instrumentation-grpc (see :mod:`plugproxy.fakes.otel`); the caller owns
+    the provider (flushing, shutdown).
+    """
     plugin_class = FAKE_SPECS.get(spec)
     if plugin_class is None:
         raise ConfigError(f"no fake plugin for spec {spec!r}; choose from {', '.join(FAKE_SPECS)}")
@@ -146,7 +152,8 @@ async def start_fake_plugin(
     plugin = plugin_class(knobs)
     if endpoint.is_unix:
         _prepare_unix_path(endpoint.path)
-    server = grpc.aio.server()
+    interceptors = None if tracer_provider is None else [otel.server_interceptor(tracer_provider)]
+    server = grpc.aio.server(interceptors=interceptors)
     server.add_generic_rpc_handlers((FakeRpcHandler(plugin),))
     try:
         port = server.add_insecure_port(endpoint.grpc_target)
