@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from plugproxy.api import Call, LazyMessage
-from plugproxy.keys import KEY_TABLES, extractor, keys_of
+from plugproxy.keys import KEY_TABLES, extractor, keys_of, parse_serialize_key
 from plugproxy.registry import Registry
+from tests.support import VAULT, vault_descriptor_set
 
 REG = Registry()
 
@@ -61,3 +64,46 @@ def test_cosi_and_cmi_keys():
 
 def test_empty_key_fields_give_no_key():
     assert keys_for("/csi.v1.Node/NodeStageVolume") == ()
+
+
+# -- --serialize-key ------------------------------------------------------------------------
+
+
+def _keys(reg: Registry, path: str, **fields) -> tuple[str, ...]:
+    info = reg.lookup(path)
+    call = Call(info, (), [], None)
+    call.request = LazyMessage(info.request_class(**fields).SerializeToString(), info.request_class)
+    return keys_of(call)
+
+
+def test_a_serialize_key_extends_a_bundled_methods_own_keys():
+    stats = "/csi.v1.Node/NodeGetVolumeStats"
+    reg = Registry(["csi.v1"], (), [f"{stats}=volume_path"])
+    assert _keys(reg, stats, volume_id="v1", volume_path="/p") == ("volume:v1", "volume_path:/p")
+    # A method without keys of its own gets them; the unconfigured registry has none.
+    listing = "/csi.v1.Controller/ListVolumes"
+    reg = Registry(["csi.v1"], (), [f"{listing}=starting_token"])
+    assert _keys(reg, listing, starting_token="t") == ("starting_token:t",)
+    assert _keys(REG, listing, starting_token="t") == ()
+
+
+def test_a_serialize_key_goes_through_messages_and_lists_and_takes_integers():
+    put, get = f"/{VAULT}.Vault/PutSecret", f"/{VAULT}.Vault/GetSecret"
+    reg = Registry(
+        [], [vault_descriptor_set()], [f"{put}=secret.readers", f"{get}=generation", f"{put}=vault"]
+    )
+    secret = {"name": "n", "readers": ["ann", "bob", ""]}
+    assert _keys(reg, put, vault="v", secret=secret) == (
+        "secret.readers:ann",
+        "secret.readers:bob",
+        "vault:v",
+    )
+    assert _keys(reg, put) == ()  # unset fields name nothing
+    assert _keys(reg, get, generation=7) == ("generation:7",)
+
+
+def test_parse_serialize_key():
+    assert parse_serialize_key(" /a.B/C = d.e ") == ("/a.B/C", "d.e")
+    for bad in ("/a.B/C", "a.B/C=d", "/a.B/C=", "/a.B/C=d..e", "/a/B/C=d"):
+        with pytest.raises(ValueError, match=r"expected /package\.Service/Method=FIELD_PATH"):
+            parse_serialize_key(bad)

@@ -14,6 +14,7 @@ from plugproxy.api import Call, LazyMessage, SpecInfo
 from plugproxy.endpoints import ConfigError
 from plugproxy.redact import MASK, TRUNCATED_KEY, Redactor
 from plugproxy.registry import Registry, load_spec
+from tests.support import VAULT, vault_descriptor_set
 
 CSI1 = load_spec("csi.v1")
 CSI0 = load_spec("csi.v0")
@@ -338,3 +339,58 @@ def test_render_call_scrubs_request_secrets_echoed_elsewhere():
     out = ALL.render_call(echo, call)
     assert out == {"volume": {"volume_id": "vol-***", "volume_context": {"hint": "pw is ***"}}}
     assert "hunter2-canary" not in json.dumps(out)
+
+
+# -- debug_redact and descriptor sets -----------------------------------------------------------
+
+
+def _vault() -> SpecInfo:
+    return Registry([], [vault_descriptor_set()]).specs[VAULT]
+
+
+def test_debug_redact_masks_a_descriptor_sets_fields_everywhere():
+    spec = _vault()
+    red = Redactor([spec])
+    assert masked_fields(red, f"{VAULT}.PutSecretRequest") == {"token"}
+    assert masked_fields(red, f"{VAULT}.Secret") == {"payload"}
+    request = spec.message_class(f"{VAULT}.PutSecretRequest")(
+        vault="v", token="tok-secret-1", secret={"name": "n", "payload": b"pay-secret-2"}
+    )
+    assert red.render(request) == {
+        "vault": "v",
+        "token": MASK,
+        "secret": {"name": "n", "payload": MASK},
+    }
+    info = Registry([], [spec.source or ""]).lookup(f"/{VAULT}.Vault/PutSecret")
+    call = Call(info, (), [], None)
+    call.request = LazyMessage(request.SerializeToString(), info.request_class)
+    assert red.mask_text("tok-secret-1 and pay-secret-2 refused", call) == "*** and *** refused"
+
+
+def test_debug_redact_counts_in_a_bundled_spec_too():
+    # A bundled-style spec (no source, no descriptor.proto in its pool) with debug_redact.
+    fdp = descriptor_pb2.FileDescriptorProto(name="b.proto", package="b.v1", syntax="proto3")
+    message = fdp.message_type.add(name="M")
+    message.field.add(name="plain", number=1, type=FieldDescriptor.TYPE_STRING, label=1)
+    hidden = message.field.add(name="hidden", number=2, type=FieldDescriptor.TYPE_STRING, label=1)
+    hidden.options.debug_redact = True
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    desc = pool.FindMessageTypeByName("b.v1.M")
+    spec = SpecInfo(
+        "b.v1", "b", pool, None, None, {"b.v1.M": message_factory.GetMessageClass(desc)}
+    )
+    assert spec.bundled
+    assert spec.is_secret_field(desc.fields_by_name["hidden"])
+    assert not spec.is_secret_field(desc.fields_by_name["plain"])
+    assert masked_fields(Redactor([spec]), "b.v1.M") == {"hidden"}
+
+
+def test_redact_paths_resolve_in_descriptor_sets():
+    spec = _vault()
+    red = redact.for_specs(["csi.v1", spec], [f"{VAULT}.Secret.labels"])
+    assert masked_fields(red, f"{VAULT}.Secret") == {"labels", "payload"}
+    with pytest.raises(ConfigError, match=f"{VAULT}.Secret has no field 'nope'"):
+        Redactor([spec], [f"{VAULT}.Secret.nope"])
+    with pytest.raises(ConfigError, match="or a --descriptor-set"):
+        Redactor([load_spec("csi.v1")], [f"{VAULT}.Secret.labels"])  # set not served

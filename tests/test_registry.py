@@ -8,7 +8,9 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from plugproxy.api import CallKind
+from plugproxy.endpoints import ConfigError
 from plugproxy.registry import SPEC_NAMES, Registry, load_spec
+from tests.support import VAULT, build_descriptor_set, vault_descriptor_set
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "specs"
@@ -88,3 +90,52 @@ def test_transcribed_protos_match_the_reference_wire_format(stem, tmp_path):
     ours = _normalized(ours_copy, [str(ours_copy.parent), include])
     ref = _normalized(ref_copy, [str(ref_copy.parent), include])
     assert ours == ref
+
+
+# -- descriptor sets ------------------------------------------------------------------------
+
+
+def test_a_descriptor_set_is_a_spec_of_its_own_beside_the_bundled_ones():
+    reg = Registry(["csi.v1"], [vault_descriptor_set()])
+    assert list(reg.specs) == ["csi.v1", VAULT]
+    spec = reg.specs[VAULT]
+    assert not spec.bundled and spec.source == vault_descriptor_set()
+    assert spec.family == VAULT and spec.pool is not load_spec("csi.v1").pool
+    assert spec.files[-1] == "acme/vault/v1/vault.proto"  # imports first
+    put = reg.lookup(f"/{VAULT}.Vault/PutSecret")
+    assert put.spec is spec and put.kind is CallKind.UNARY_UNARY
+    assert put.request_class is spec.message_class(f"{VAULT}.PutSecretRequest")
+    assert reg.lookup(f"/{VAULT}.Vault/ListSecrets").kind is CallKind.UNARY_STREAM
+    assert [m.name for m in reg.methods(VAULT)] == ["PutSecret", "GetSecret", "ListSecrets"]
+    assert "/csi.v1.Node/NodeStageVolume" in reg and "/csi.v0.Node/NodeStageVolume" not in reg
+
+
+def test_a_set_spanning_packages_is_named_after_its_file(tmp_path):
+    files = {
+        "a.proto": 'syntax = "proto3";\npackage one.v1;\nservice A { rpc M(X) returns (X); }\n'
+        "message X {}\n",
+        "b.proto": 'syntax = "proto3";\npackage two.v1;\nimport "a.proto";\n'
+        "service B { rpc N(one.v1.X) returns (one.v1.X); }\n",
+    }
+    path = build_descriptor_set(tmp_path, files, out="both.binpb")
+    reg = Registry([], [path])
+    assert list(reg.specs) == ["both"]
+    assert reg.lookup("/one.v1.A/M").spec_name == reg.lookup("/two.v1.B/N").spec_name == "both"
+
+
+def test_a_set_named_like_a_bundled_spec_is_refused(tmp_path):
+    files = {
+        "cmi.proto": 'syntax = "proto3";\npackage cmi.v1;\nservice Other { rpc M(X) '
+        "returns (X); }\nmessage X {}\n"
+    }
+    path = build_descriptor_set(tmp_path, files)
+    with pytest.raises(ConfigError, match=r"its spec name cmi\.v1 is already taken by a bundled"):
+        Registry(["csi.v1"], [path])
+
+
+def test_serialize_keys_are_checked_and_attached_to_the_method():
+    reg = Registry([], [vault_descriptor_set()], [f"/{VAULT}.Vault/PutSecret=secret.name"] * 2)
+    assert reg.lookup(f"/{VAULT}.Vault/PutSecret").extra_keys == (("secret.name", "secret.name"),)
+    sources = {"--serialize-key": "PLUGPROXY_SERIALIZE_KEY"}
+    with pytest.raises(ConfigError, match=r"^PLUGPROXY_SERIALIZE_KEY /csi.v1.Node/Nope=x: unknown"):
+        Registry(["csi.v1"], (), ["/csi.v1.Node/Nope=x"], sources)

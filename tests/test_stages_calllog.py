@@ -14,7 +14,7 @@ from plugproxy import redact, serve
 from plugproxy.api import Call, Reject, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.log import Logger
-from plugproxy.registry import load_spec
+from plugproxy.registry import Registry, load_spec
 from plugproxy.sampling import picked_indices
 from plugproxy.stages import calllog
 from plugproxy.stages.calllog import CallLogStage, PayloadCallLogStage
@@ -326,7 +326,7 @@ def test_build_honours_the_options():
         return serve.parse_args(["--listen", "unix:///a", "--upstream", "unix:///b", *args], {})
 
     class _Runtime:
-        registry = type("R", (), {"specs": {"csi.v1": None}})()
+        registry = Registry(["csi.v1"])
         logger = Logger(io.StringIO())
 
     assert calllog.build(ns("--call-log", "off"), _Runtime()) is None  # type: ignore[arg-type]

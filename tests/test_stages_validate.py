@@ -11,6 +11,8 @@ import urllib.request
 
 import grpc
 import pytest
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
 
 from plugproxy.api import Call, LazyMessage, Runtime
 from plugproxy.cli import main
@@ -24,7 +26,14 @@ from plugproxy.serve import parse_args
 from plugproxy.stages import validate
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import mount_cap, stage_of, through_proxy
-from tests.support import channel, start_proxy, start_recorder
+from tests.support import (
+    VAULT,
+    channel,
+    generic_servicer,
+    start_proxy,
+    start_recorder,
+    vault_descriptor_set,
+)
 
 CSI = load_spec("csi.v1")
 DELETE = "/csi.v1.Controller/DeleteVolume"
@@ -896,3 +905,50 @@ async def test_get_capacity_topology_without_the_capability_is_rejected(tmp_path
     async with through_proxy("csi.v1", tmp_path, "--validation", "enforce") as (c, proxy):
         await c.call("GetCapacity", accessible_topology=zone)  # advertised: fine
         assert co_and_plugin(proxy) == set()
+
+
+# -- descriptor sets ----------------------------------------------------------------------------
+
+
+async def test_a_descriptor_sets_rules_take_modes_and_judge_no_spec_error_scheme(tmp_path):
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "proxy.sock")
+    put_path = f"/{VAULT}.Vault/PutSecret"
+    details = status_pb2.Status(code=9, details=[any_pb2.Any(type_url="x/y")]).SerializeToString()
+
+    async def put(request, context):
+        # What the bundled specs' error schemes forbid: an empty message, status details.
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, "", (("grpc-status-details-bin", details),)
+        )
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([generic_servicer(vault_descriptor_set(), {put_path: put})])
+    server.add_insecure_port(f"unix:{upstream}")
+    await server.start()
+    proxy = await start_proxy(
+        listen,
+        upstream,
+        "--descriptor-set",
+        vault_descriptor_set(),
+        "--rule",
+        f"{VAULT}.required-field=enforce",
+    )
+    try:
+        put_class = proxy.registry.lookup(put_path).request_class
+        complete = put_class(vault="v", secret={"name": "n"}, ttl_days=1).SerializeToString()
+        _, err = await unary(listen, put_path, complete)
+        assert err is not None and err.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert stage_of(proxy).report.snapshot() == []
+        _, err = await unary(listen, put_path, put_class(ttl_days=1).SerializeToString())
+        assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details() == (
+            f"plugproxy: {VAULT}.required-field: vault is REQUIRED but empty (and 1 more)"
+        )
+    finally:
+        await proxy.stop(0)
+        await server.stop(0)
+    # A descriptor set's rule ids exist only where the set is served.
+    with pytest.raises(ConfigError, match="unknown rule id"):
+        validate.parse_rule_modes(
+            [f"{VAULT}.required-field=off"], validate.known_rules(Registry(["csi.v1"]))
+        )

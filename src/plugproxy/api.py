@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
+from google.protobuf import descriptor_pb2
 
 from plugproxy.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
 
@@ -64,12 +65,21 @@ class Party(enum.Enum):
 class SpecInfo:
     """One spec version with its own descriptor pool (csi_secret and cmi_secret collide)."""
 
-    name: str  # "csi.v1", "csi.v0", "cosi.v1alpha1", "cmi.v1"
-    family: str  # "csi", "cosi", "cmi"
+    # "csi.v1", "csi.v0", "cosi.v1alpha1", "cmi.v1"; a descriptor set: its package or file stem
+    name: str
+    family: str  # "csi", "cosi", "cmi" (the rule id prefix); a descriptor set: its name
     pool: DescriptorPool
     secret_option: FieldDescriptor | None
     field_options_class: type[Message] | None
     message_classes: dict[str, type[Message]] = field(repr=False)
+    # The --descriptor-set file this spec was read from (None for a bundled spec), and the
+    # names of its files, imports first.
+    source: str | None = None
+    files: tuple[str, ...] = ()
+
+    @property
+    def bundled(self) -> bool:
+        return self.source is None
 
     def message_class(self, full_name: str) -> type[Message]:
         return self.message_classes[full_name]
@@ -78,11 +88,17 @@ class SpecInfo:
         return self.pool.FindMessageTypeByName(full_name)
 
     def is_secret_field(self, fd: FieldDescriptor) -> bool:
-        """True when the field carries this spec's secret option (resolved by full name)."""
-        if self.secret_option is None or self.field_options_class is None:
-            return False
+        """True when the field carries this spec's secret option (resolved by full name) or
+        protobuf's own ``debug_redact``."""
         raw = fd.GetOptions().SerializeToString()
         if not raw:
+            return False
+        # Re-read the option bytes with classes that know the fields: a pool of its own may
+        # hand out options whose extensions (and, with an older descriptor.proto in the set,
+        # debug_redact) are only unknown fields.
+        if descriptor_pb2.FieldOptions.FromString(raw).debug_redact:
+            return True
+        if self.secret_option is None or self.field_options_class is None:
             return False
         opts = self.field_options_class.FromString(raw)
         return bool(opts.Extensions[self.secret_option])  # type: ignore[index]
@@ -100,6 +116,8 @@ class MethodInfo:
     descriptor: MethodDescriptor | None = None
     request_class: type[Message] | None = None
     response_class: type[Message] | None = None
+    # (kind, dotted request field path) from --serialize-key, beside the spec's own keys.
+    extra_keys: tuple[tuple[str, str], ...] = ()
 
     @property
     def known(self) -> bool:

@@ -7,6 +7,13 @@ Identity, capability, probe and list calls have no entry, so they have no keys.
 
 A key is "<kind>:<value>", e.g. "volume:pvc-1". Names and ids are different kinds: a
 CreateVolume name is not yet a volume id.
+
+``--serialize-key /pkg.Service/Method=FIELD_PATH`` adds a key to any method the registry
+knows (:func:`parse_serialize_key`, checked at startup): the kind is the field path itself,
+so calls of different methods share a key when the same path holds the same value. The
+path goes through message fields, repeated ones included (every element); it ends in a
+string or integer field, one key per value when that field is repeated. Map fields are
+refused: which of key and value would name the resource is not for the proxy to guess.
 """
 
 from __future__ import annotations
@@ -87,18 +94,57 @@ KEY_TABLES: dict[str, dict[str, KeySpec]] = {
 Extractor = Callable[[Message], tuple[str, ...]]
 
 
-def _resolve(desc: Descriptor, path: str) -> list[FieldDescriptor]:
+_INTEGER_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED32,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED32,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def _resolve(desc: Descriptor, path: str, integers: bool = False) -> list[FieldDescriptor]:
+    """The fields along ``path``; ValueError naming the first part that does not fit."""
+    root = desc.full_name
     fields = []
     for part in path.split("."):
         fd = desc.fields_by_name.get(part)
         if fd is None:
             raise ValueError(f"{desc.full_name} has no field {part!r} (key path {path!r})")
+        mt = fd.message_type
+        if mt is not None and mt.GetOptions().map_entry:
+            raise ValueError(f"{desc.full_name}.{part} is a map; a key path cannot go through one")
         fields.append(fd)
-        if fd.message_type is not None:
-            desc = fd.message_type
-    if fields[-1].type != FieldDescriptor.TYPE_STRING:
-        raise ValueError(f"key path {path!r} of {desc.full_name} does not end in a string")
+        if mt is not None:
+            desc = mt
+    last = fields[-1]
+    if not (last.type == FieldDescriptor.TYPE_STRING or (integers and last.type in _INTEGER_TYPES)):
+        wanted = "a string or integer field" if integers else "a string"
+        raise ValueError(f"key path {path!r} of {root} does not end in {wanted}")
     return fields
+
+
+def parse_serialize_key(item: str) -> tuple[str, str]:
+    """'/pkg.Service/Method=field.path' -> (method path, field path); ValueError if malformed."""
+    method, sep, path = item.partition("=")
+    method, path = method.strip(), path.strip()
+    if not sep or not method.startswith("/") or method.count("/") != 2 or not all(path.split(".")):
+        raise ValueError("expected /package.Service/Method=FIELD_PATH")
+    return method, path
+
+
+def check_key_path(method: MethodInfo, path: str) -> None:
+    """ValueError when ``path`` cannot key calls of ``method`` (see the module docstring)."""
+    if method.request_class is None:
+        raise ValueError(f"{method.path} is not a method of a loaded spec or descriptor set")
+    _resolve(cast(Descriptor, method.request_class.DESCRIPTOR), path, integers=True)
 
 
 def _values(message: Message, fields: list[FieldDescriptor]) -> list[str]:
@@ -116,9 +162,9 @@ def _values(message: Message, fields: list[FieldDescriptor]) -> list[str]:
     for m in current:
         value = getattr(m, last.name)
         if last.is_repeated:
-            out.extend(v for v in value if v)
+            out.extend(str(v) for v in value if v)
         elif value:
-            out.append(value)
+            out.append(str(value))
     return out
 
 
@@ -127,11 +173,12 @@ def extractor(method: MethodInfo) -> Extractor | None:
     """Compiled key extractor for ``method``, or None when its calls have no keys."""
     if method.spec is None or method.request_class is None:
         return None
-    spec = KEY_TABLES.get(method.spec.name, {}).get(method.name)
-    if not spec:
+    spec = KEY_TABLES.get(method.spec.name, {}).get(method.name, ())
+    if not spec and not method.extra_keys:
         return None
     desc = cast(Descriptor, method.request_class.DESCRIPTOR)  # upb's class is the same thing
     compiled = [(kind, _resolve(desc, path)) for kind, path in spec]
+    compiled += [(kind, _resolve(desc, path, integers=True)) for kind, path in method.extra_keys]
 
     def extract(message: Message) -> tuple[str, ...]:
         keys: list[str] = []

@@ -3,7 +3,8 @@
 A field is sensitive when
 
 - its descriptor carries the spec's secret option (``csi_secret``, ``cosi_secret``,
-  ``cmi_secret``), resolved by the extension's full name in that spec's own pool
+  ``cmi_secret``), resolved by the extension's full name in that spec's own pool, or
+  protobuf's own ``debug_redact`` field option, in any spec or ``--descriptor-set``
   (:meth:`plugproxy.api.SpecInfo.is_secret_field`);
 - it is one of the fields a spec names as secret without an option: the ``*_secrets`` maps of
   CSI v0.3 (CSI v0.3 §Secrets Requirements) and the credentials a COSI plugin hands out
@@ -11,7 +12,8 @@ A field is sensitive when
 - it is one the spec calls possibly sensitive (CSI §NodePublishVolume ``mount_flags``) or that
   carries tokens in practice (NodePublishVolume ``volume_context``), unless
   ``--redact-defaults off``;
-- or an operator names it with ``--redact <message full name>.<field>``.
+- or an operator names it with ``--redact <message full name>.<field>`` (a message of a
+  bundled spec or of a served descriptor set).
 
 At startup a :class:`Plan` is computed per message type: which fields to mask, and which
 message-typed fields lead (at any depth, through repeated fields, map values and oneofs) to
@@ -150,13 +152,18 @@ def _all_messages(desc: Descriptor) -> Iterable[Descriptor]:
         yield from _all_messages(nested)
 
 
-def _resolve_path(path: str) -> tuple[SpecInfo, Descriptor, FieldDescriptor]:
-    """`<message full name>.<field>` in whichever spec defines it; ConfigError otherwise."""
+def _resolve_path(
+    path: str, sets: Iterable[SpecInfo] = ()
+) -> tuple[SpecInfo, Descriptor, FieldDescriptor]:
+    """`<message full name>.<field>` in whichever spec defines it (a bundled one, or one of
+    the descriptor-set specs ``sets``); ConfigError otherwise."""
     message_name, _, field_name = path.strip().rpartition(".")
-    for spec_name in SPEC_NAMES:
-        if not message_name.startswith(spec_name + "."):
-            continue
-        spec = load_spec(spec_name)
+    candidates: list[tuple[str, SpecInfo | None]] = [
+        (s.name, s) for s in sets if message_name in s.message_classes
+    ]
+    candidates += [(n, None) for n in SPEC_NAMES if message_name.startswith(n + ".")]
+    for spec_name, loaded in candidates:
+        spec = loaded if loaded is not None else load_spec(spec_name)
         if message_name not in spec.message_classes:
             raise ConfigError(f"--redact {path}: {spec_name} has no message {message_name}")
         desc = spec.descriptor(message_name)
@@ -166,7 +173,8 @@ def _resolve_path(path: str) -> tuple[SpecInfo, Descriptor, FieldDescriptor]:
         return spec, desc, fd
     raise ConfigError(
         f"--redact {path!r}: expected <message full name>.<field> in one of "
-        f"{', '.join(SPEC_NAMES)} (e.g. csi.v1.NodePublishVolumeRequest.volume_context)"
+        f"{', '.join(SPEC_NAMES)} or a --descriptor-set"
+        " (e.g. csi.v1.NodePublishVolumeRequest.volume_context)"
     )
 
 
@@ -219,8 +227,9 @@ class Redactor:
         self.specs = tuple(specs)
         # Every configured path is checked, even for specs this proxy does not serve.
         masked: set[tuple[str, str]] = set()
+        sets = [s for s in self.specs if not s.bundled]
         for path in extra_paths:
-            _, desc, fd = _resolve_path(path)
+            _, desc, fd = _resolve_path(path, sets)
             masked.add((desc.full_name, fd.name))
         for spec in self.specs:
             paths = SPEC_SECRET_PATHS.get(spec.name, ())
@@ -593,18 +602,24 @@ def _collect_leaf(fd: FieldDescriptor, value: Any, found: set[str]) -> None:
 
 
 @functools.cache
-def _cached(specs: tuple[str, ...], paths: tuple[str, ...], defaults: bool) -> Redactor:
-    return Redactor([load_spec(s) for s in specs], paths, defaults)
+def _cached(specs: tuple[SpecInfo, ...], paths: tuple[str, ...], defaults: bool) -> Redactor:
+    return Redactor(specs, paths, defaults)
 
 
 def for_specs(
-    specs: Iterable[str] = SPEC_NAMES, paths: Sequence[str] = (), defaults: bool = True
+    specs: Iterable[str | SpecInfo] = SPEC_NAMES,
+    paths: Sequence[str] = (),
+    defaults: bool = True,
 ) -> Redactor:
-    """A shared Redactor for this configuration; plans are computed once per configuration."""
-    return _cached(tuple(specs), tuple(paths), defaults)
+    """A shared Redactor for this configuration; plans are computed once per configuration.
+    ``specs``: bundled spec names or loaded specs (descriptor sets are only the latter)."""
+    loaded = tuple(s if isinstance(s, SpecInfo) else load_spec(s) for s in specs)
+    return _cached(loaded, tuple(paths), defaults)
 
 
-def from_namespace(ns: argparse.Namespace, specs: Iterable[str] | None = None) -> Redactor:
+def from_namespace(
+    ns: argparse.Namespace, specs: Iterable[str | SpecInfo] | None = None
+) -> Redactor:
     """The Redactor the parsed options configure. Every stage that shows message content
     (call log, validation reports, spans, errors) gets its Redactor here, in ``build``."""
     chosen = tuple(specs) if specs is not None else SPEC_NAMES

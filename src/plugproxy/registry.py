@@ -4,20 +4,28 @@ Each spec gets a descriptor pool of its own (csi_secret and cmi_secret both use 
 number 1059 on google.protobuf.FieldOptions). Everything plugproxy knows about a method (its
 spec, message types, streaming kind) is read from these descriptors at startup, and so are
 the skeletons :mod:`plugproxy.sampling` reads large messages with.
+
+Besides the bundled specs, each ``--descriptor-set`` file (a binary FileDescriptorSet built
+with its imports) becomes a spec of its own (:func:`load_descriptor_set`): every service it
+defines is known, in a pool of its own. The spec is named after the proto package of its
+services, or after the file when they span several packages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
+import pathlib
 from collections.abc import Iterable, Iterator
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.descriptor import Descriptor
-from google.protobuf.message import Message
+from google.protobuf.descriptor import Descriptor, FileDescriptor
+from google.protobuf.message import DecodeError, Message
 
-from plugproxy import sampling
+from plugproxy import keys, sampling
 from plugproxy.api import CallKind, MethodInfo, SpecInfo
+from plugproxy.endpoints import ConfigError
 
 # spec name -> (descriptor set file, proto package, secret option full name or None)
 SPECS: dict[str, tuple[str, str, str | None]] = {
@@ -70,6 +78,89 @@ def load_spec(name: str) -> SpecInfo:
     )
 
 
+def _set_files(where: str, data: bytes) -> list[descriptor_pb2.FileDescriptorProto]:
+    """The files of a serialized FileDescriptorSet, imports before their importers;
+    ConfigError unless every file it imports is in it."""
+    try:
+        fds = descriptor_pb2.FileDescriptorSet.FromString(data)
+    except DecodeError:
+        fds = None
+    if fds is None or not fds.file or not all(f.name for f in fds.file):
+        raise ConfigError(
+            f"{where}: not a binary FileDescriptorSet "
+            "(build it with protoc --include_imports --descriptor_set_out, or buf build -o)"
+        )
+    by_name = {f.name: f for f in fds.file}
+    for f in fds.file:
+        for dep in f.dependency:
+            if dep not in by_name:
+                raise ConfigError(
+                    f"{where}: {f.name} imports {dep}, which the set does not contain "
+                    "(build it with protoc --include_imports)"
+                )
+    ordered: list[descriptor_pb2.FileDescriptorProto] = []
+    placed: set[str] = set()
+
+    def place(f: descriptor_pb2.FileDescriptorProto, seen: frozenset[str]) -> None:
+        if f.name in placed:
+            return
+        if f.name in seen:
+            raise ConfigError(f"{where}: {f.name} imports itself through {', '.join(sorted(seen))}")
+        for dep in f.dependency:
+            place(by_name[dep], seen | {f.name})
+        placed.add(f.name)
+        ordered.append(f)
+
+    for f in fds.file:
+        place(f, frozenset())
+    return ordered
+
+
+def load_descriptor_set(path: str, source: str = "--descriptor-set") -> SpecInfo:
+    """One descriptor set file as a spec of its own (see the module docstring); ConfigError
+    in one line, naming ``source`` and the file, when it cannot be one."""
+    where = f"{source} {path}"
+    try:
+        data = pathlib.Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
+    files = _set_files(where, data)
+    pool = descriptor_pool.DescriptorPool()
+    loaded: list[FileDescriptor] = []
+    for fdp in files:
+        try:
+            pool.Add(fdp)
+            loaded.append(pool.FindFileByName(fdp.name))
+        except Exception as exc:  # the pool's own words on what does not resolve
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"{where}: {fdp.name} does not load: {reason}") from None
+    packages = sorted({fd.package for fd in loaded if fd.services_by_name})
+    if not packages:
+        raise ConfigError(f"{where}: defines no service")
+    name = packages[0] if len(packages) == 1 and packages[0] else pathlib.Path(path).stem
+    classes: dict[str, type[Message]] = {}
+    for fd in loaded:
+        for top in fd.message_types_by_name.values():
+            for desc in _walk(top):
+                classes[desc.full_name] = message_factory.GetMessageClass(desc)
+    try:
+        options_desc = pool.FindMessageTypeByName("google.protobuf.FieldOptions")
+    except KeyError:
+        options_desc = None  # no file of the set imports descriptor.proto: no custom options
+    return SpecInfo(
+        name=name,
+        family=name,
+        pool=pool,
+        secret_option=None,
+        field_options_class=(
+            message_factory.GetMessageClass(options_desc) if options_desc is not None else None
+        ),
+        message_classes=classes,
+        source=path,
+        files=tuple(fd.name for fd in loaded),
+    )
+
+
 def _kind(client_streaming: bool, server_streaming: bool) -> CallKind:
     if client_streaming:
         return CallKind.STREAM_STREAM if server_streaming else CallKind.STREAM_UNARY
@@ -83,34 +174,94 @@ def split_path(path: str) -> tuple[str, str]:
 
 
 class Registry:
-    """Maps full method paths to :class:`MethodInfo`; unknown paths map to raw bidi streams."""
+    """Maps full method paths to :class:`MethodInfo`; unknown paths map to raw bidi streams.
 
-    def __init__(self, specs: Iterable[str] = SPEC_NAMES) -> None:
+    ``descriptor_sets``: files whose services are known besides the bundled ``specs``;
+    ``serialize_keys``: ``/pkg.Service/Method=FIELD_PATH`` items (:mod:`plugproxy.keys`).
+    Misconfiguration of either is a ConfigError naming ``sources`` (flag or environment
+    variable, by option: "--descriptor-set", "--serialize-key").
+    """
+
+    def __init__(
+        self,
+        specs: Iterable[str] = SPEC_NAMES,
+        descriptor_sets: Iterable[str] = (),
+        serialize_keys: Iterable[str] = (),
+        sources: dict[str, str] | None = None,
+    ) -> None:
+        named = sources or {}
         self.specs: dict[str, SpecInfo] = {}
         self._methods: dict[str, MethodInfo] = {}
         for spec_name in specs:
             spec = load_spec(spec_name)
             self.specs[spec_name] = spec
             _, package, _ = SPECS[spec_name]
-            for fdp_name in self._spec_files(spec, package):
-                fd = spec.pool.FindFileByName(fdp_name)
+            files = [spec.pool.FindFileByName(n) for n in self._spec_files(spec, package)]
+            self._add_services(spec, files)
+        set_flag = named.get("--descriptor-set", "--descriptor-set")
+        for path in descriptor_sets:
+            spec = load_descriptor_set(path, set_flag)
+            files = [spec.pool.FindFileByName(n) for n in spec.files]
+            for fd in files:
                 for service in fd.services_by_name.values():
                     for m in service.methods:
-                        path = f"/{service.full_name}/{m.name}"
-                        request_class = spec.message_class(m.input_type.full_name)
-                        response_class = spec.message_class(m.output_type.full_name)
-                        sampling.prepare(request_class)
-                        sampling.prepare(response_class)
-                        self._methods[path] = MethodInfo(
-                            path=path,
-                            service=service.full_name,
-                            name=m.name,
-                            kind=_kind(m.client_streaming, m.server_streaming),
-                            spec=spec,
-                            descriptor=m,
-                            request_class=request_class,
-                            response_class=response_class,
-                        )
+                        taken = self._methods.get(f"/{service.full_name}/{m.name}")
+                        if taken is not None:
+                            raise ConfigError(
+                                f"{set_flag} {path}: /{service.full_name}/{m.name} is already"
+                                f" defined by {_origin(taken.spec)}"
+                            )
+            if spec.name in SPECS or spec.name in self.specs:
+                raise ConfigError(
+                    f"{set_flag} {path}: its spec name {spec.name} is already taken by"
+                    f" {_origin(self.specs.get(spec.name))}"
+                )
+            self.specs[spec.name] = spec
+            self._add_services(spec, files)
+        key_flag = named.get("--serialize-key", "--serialize-key")
+        for item in serialize_keys:
+            self._add_serialize_key(item, key_flag)
+
+    def _add_serialize_key(self, item: str, flag: str) -> None:
+        try:
+            method_path, field_path = keys.parse_serialize_key(item)
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {item}: {exc}") from None
+        info = self._methods.get(method_path)
+        if info is None:
+            raise ConfigError(
+                f"{flag} {item}: unknown method {method_path} (not in a served spec or"
+                " descriptor set)"
+            )
+        try:
+            keys.check_key_path(info, field_path)
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {item}: {exc}") from None
+        key = (field_path, field_path)
+        if key not in info.extra_keys:
+            self._methods[method_path] = dataclasses.replace(
+                info, extra_keys=(*info.extra_keys, key)
+            )
+
+    def _add_services(self, spec: SpecInfo, files: Iterable[FileDescriptor]) -> None:
+        for fd in files:
+            for service in fd.services_by_name.values():
+                for m in service.methods:
+                    path = f"/{service.full_name}/{m.name}"
+                    request_class = spec.message_class(m.input_type.full_name)
+                    response_class = spec.message_class(m.output_type.full_name)
+                    sampling.prepare(request_class)
+                    sampling.prepare(response_class)
+                    self._methods[path] = MethodInfo(
+                        path=path,
+                        service=service.full_name,
+                        name=m.name,
+                        kind=_kind(m.client_streaming, m.server_streaming),
+                        spec=spec,
+                        descriptor=m,
+                        request_class=request_class,
+                        response_class=response_class,
+                    )
 
     @staticmethod
     def _spec_files(spec: SpecInfo, package: str) -> list[str]:
@@ -133,3 +284,11 @@ class Registry:
 
     def __contains__(self, path: str) -> bool:
         return path in self._methods
+
+
+def _origin(spec: SpecInfo | None) -> str:
+    if spec is None:
+        return "a bundled spec"
+    if spec.source is None:
+        return f"the bundled spec {spec.name}"
+    return f"--descriptor-set {spec.source} (spec {spec.name})"

@@ -43,6 +43,14 @@ CORE_OPTIONS: list[Option] = [
         choices=("auto", *SPEC_NAMES),
     ),
     Option(
+        "--descriptor-set",
+        "also decode, judge and redact the services of this binary FileDescriptorSet (protoc "
+        "--include_imports --descriptor_set_out, or buf build -o); see docs/any-plugin.md",
+        default=[],
+        repeatable=True,
+        metavar="FILE",
+    ),
+    Option(
         "--max-message-bytes",
         "largest message accepted in either direction (e.g. 16MiB)",
         default=16 * 1024 * 1024,
@@ -154,7 +162,14 @@ class ProxyServer:
         self.ns = ns
         self.settings = check_settings(ns)
         self.logger = logger or Logger(fmt=ns.log_format, level=ns.log_level)
-        self.registry = Registry(self.settings.specs)
+        self.registry = Registry(
+            self.settings.specs,
+            getattr(ns, "descriptor_set", None) or (),
+            getattr(ns, "serialize_key", None) or (),
+            sources={
+                flag: value_source(ns, flag) for flag in ("--descriptor-set", "--serialize-key")
+            },
+        )
         self.transport = transport.Transport(
             ns, self.settings.listen, self.settings.upstream, self.logger
         )

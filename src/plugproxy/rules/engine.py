@@ -10,7 +10,8 @@ are never walked. Nothing is interpreted per call.
 proto3 cannot tell an unset scalar from its zero value: a REQUIRED string, bytes, map or
 repeated field is "missing" when empty, a REQUIRED enum when it holds 0 (UNKNOWN), a
 REQUIRED message when absent; REQUIRED bool and number fields are not checked unless the
-table says zero is impossible (``required_nonzero``).
+table says zero is impossible (``required_nonzero``) or the field has explicit presence
+(proto3 ``optional``), where unset is missing.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class SpecTable:
     spec: str  # "csi.v1"
     family: str  # "csi" (rule id prefix)
     title: str  # "CSI v1.12" (how sections are cited)
-    package: str  # "csi.v1"
+    package: str  # "csi.v1"; "": every package of the spec's descriptors (names are full)
     rules: tuple[Rule, ...]
     # Family 1: REQUIRED fields. Message -> field names; "oneof:<name>" for a oneof.
     required: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -183,8 +184,8 @@ class SpecTable:
     required_caveat: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     required_nonzero: frozenset[FieldRef] = frozenset()
     # Family 2: size limits. None = no limit (the spec overrides the general one).
-    string_limit: int = 128
-    map_limit: int = 4096
+    string_limit: int | None = 128
+    map_limit: int | None = 4096
     size_overrides: Mapping[FieldRef, int | None] = field(default_factory=dict)
     size_recommended: Mapping[FieldRef, int] = field(default_factory=dict)
     repeated_total_limits: Mapping[FieldRef, int] = field(default_factory=dict)
@@ -261,6 +262,10 @@ class CompiledSpec:
 
     def rule(self, suffix: str) -> Rule:
         return self.rules[f"{self.table.family}.{suffix}"]
+
+    def has_rule(self, suffix: str) -> bool:
+        """Whether the table defines this rule (a descriptor set's table has only a few)."""
+        return f"{self.table.family}.{suffix}" in self.rules
 
     def check_message(self, message: Message) -> list[Violation]:
         out: list[Violation] = []
@@ -462,6 +467,13 @@ def _required_op(fd: FieldDescriptor, rule: Rule, nonzero: bool) -> Op | None:
                 out.append(Violation(rule, prefix + name, f"{prefix}{name} is REQUIRED but {zero}"))
 
         return need_nonzero
+    if fd.has_presence:  # proto3 `optional` (or proto2): unset is not zero
+
+        def need_present(msg: Any, prefix: str, out: list[Violation]) -> None:
+            if not msg.HasField(name):
+                out.append(Violation(rule, prefix + name, f"{prefix}{name} is REQUIRED but unset"))
+
+        return need_present
     return None  # bool and numbers: proto3 cannot tell unset from zero
 
 
@@ -862,8 +874,9 @@ class _Compiler:
         return desc.full_name, maps[0]
 
     def _desc(self, msg_name: str) -> Descriptor:
+        package = self.table.package
         try:
-            return self.spec.descriptor(f"{self.table.package}.{msg_name}")
+            return self.spec.descriptor(f"{package}.{msg_name}" if package else msg_name)
         except KeyError:
             raise TableError(f"{self.table.spec}: no message {msg_name!r}") from None
 
@@ -914,15 +927,18 @@ class _Compiler:
             op = _required_op(fd, req_rule, (key, name) in self._nonzero)
             if op is not None:
                 ops.append(op)
-        size_rule = self.rule("size-limit")
         for fd in desc.fields:
             ref = (key, fd.name)
             if fd.type == FieldDescriptor.TYPE_STRING:
                 limit = self._overrides.get(ref, t.string_limit)
                 if ref in self._totals:
-                    ops.append(_repeated_total_op(fd.name, self._totals[ref], size_rule))
+                    ops.append(
+                        _repeated_total_op(fd.name, self._totals[ref], self.rule("size-limit"))
+                    )
                 elif limit is not None:
-                    ops.append(_string_size_op(fd.name, limit, size_rule, fd.is_repeated))
+                    ops.append(
+                        _string_size_op(fd.name, limit, self.rule("size-limit"), fd.is_repeated)
+                    )
                 if ref in self._recommended:
                     ops.append(
                         _string_size_op(
@@ -945,9 +961,9 @@ class _Compiler:
             elif _is_string_map(fd):
                 limit = self._overrides.get(ref, t.map_limit)
                 if ref in self._map_keys:
-                    ops.append(_map_keys_op(fd.name, self._map_keys[ref], size_rule))
+                    ops.append(_map_keys_op(fd.name, self._map_keys[ref], self.rule("size-limit")))
                 elif limit is not None:
-                    ops.append(_map_size_op(fd.name, limit, size_rule))
+                    ops.append(_map_size_op(fd.name, limit, self.rule("size-limit")))
                 if ref in self._secrets or self.spec.is_secret_field(fd):
                     ops.append(_secret_keys_op(fd.name, self.rule("secret-key-format")))
             elif _is_map(fd) and (ref in self._secrets or self.spec.is_secret_field(fd)):
@@ -962,7 +978,7 @@ class _Compiler:
                     target = target.fields_by_name["value"].message_type
                 if target is None:
                     continue
-                if target.file.package != t.package:
+                if t.package and target.file.package != t.package:
                     continue  # google.protobuf well-known types carry no spec rules
                 nested = self.compile(target)
                 if nested is not None:
@@ -1025,7 +1041,7 @@ def compile_table(
     for sample in (None, response_sample):
         compiler = _Compiler(table, spec, rules, sample)
         for full_name in spec.message_classes:
-            if full_name.startswith(table.package + "."):
+            if not table.package or full_name.startswith(table.package + "."):
                 compiler.compile(spec.descriptor(full_name))
         checkers.append(dict(compiler.checkers))
     return CompiledSpec(

@@ -206,7 +206,7 @@ def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     mode = getattr(ns, "call_log", "all")
     if mode == "off":
         return None
-    redactor = redact.from_namespace(ns, tuple(runtime.registry.specs))
+    redactor = redact.from_namespace(ns, tuple(runtime.registry.specs.values()))
     cls = PayloadCallLogStage if getattr(ns, "log_payloads", False) else CallLogStage
     return cls(
         runtime.logger,

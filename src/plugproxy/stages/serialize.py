@@ -58,6 +58,14 @@ OPTIONS: list[Option] = [
         type=duration,
         metavar="DURATION",
     ),
+    Option(
+        "--serialize-key",
+        "also serialize a method's calls by a field of its request (dotted path; a repeated "
+        "field gives one key per value); applies to bundled specs and descriptor sets alike",
+        default=[],
+        repeatable=True,
+        metavar="/PKG.SERVICE/METHOD=FIELD_PATH",
+    ),
 ]
 
 HELD = "serialize.held"

@@ -41,7 +41,7 @@ from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import keys_of
 from plugproxy.options import Option, duration, value_source
-from plugproxy.rules import TABLES, all_rules
+from plugproxy.rules import TABLES, all_rules, annotated
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
     CO,
@@ -340,7 +340,7 @@ class ValidateStage(Stage):
         self.upstream = runtime.upstream
         self.query_timeout = query_timeout
         self.report = ViolationReport()
-        known = all_rules()
+        known = known_rules(runtime.registry)
         self.modes: dict[str, str] = {rid: rule_modes.get(rid, mode) for rid in known}
         self.counter: Any = None
         if runtime.metrics is not None:
@@ -355,7 +355,7 @@ class ValidateStage(Stage):
         self._plans: dict[str, _Plan] = {}
         specs = getattr(runtime.registry, "specs", {})
         for spec_name, spec in specs.items():
-            table = TABLES.get(spec_name)
+            table = TABLES.get(spec_name) if spec.bundled else annotated.table_for(spec)
             if table is None:
                 continue
             compiled = compile_table(table, spec)
@@ -645,14 +645,15 @@ class ValidateStage(Stage):
         cs = plan.spec
         code = call.code
         out: list[Violation] = []
-        if not call.details:
+        # A descriptor set's table states no error scheme: only what gRPC itself requires.
+        if not call.details and cs.has_rule("error-message-empty"):
             out.append(
                 Violation(
                     cs.rule("error-message-empty"), "", f"{code.name} status with an empty message"
                 )
             )
         for key, value in call.trailing_metadata:
-            if key != DETAILS_KEY or not value:
+            if key != DETAILS_KEY or not value or not cs.has_rule("status-details-nonempty"):
                 continue
             count = status_details_count(value)
             if count != 0:
@@ -877,10 +878,21 @@ class ValidateStage(Stage):
                 self.counter.labels(spec, rule.id, rule.level, who, method).inc()
 
 
+def known_rules(registry: Any) -> dict[str, Rule]:
+    """Every bundled rule, and the rules of the registry's descriptor-set specs."""
+    known = all_rules()
+    for spec in getattr(registry, "specs", {}).values():
+        if not spec.bundled:
+            known.update((r.id, r) for r in annotated.rules_for(spec))
+    return known
+
+
 def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     mode = getattr(ns, "validation", AUDIT)
     rule_modes = parse_rule_modes(
-        getattr(ns, "rule", None) or (), all_rules(), value_source(ns, "--rule")
+        getattr(ns, "rule", None) or (),
+        known_rules(getattr(runtime, "registry", None)),
+        value_source(ns, "--rule"),
     )
     if mode == OFF and all(m == OFF for m in rule_modes.values()):
         return None
