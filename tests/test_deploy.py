@@ -411,3 +411,119 @@ def test_co_containers_can_open_the_proxy_socket(w: Workload) -> None:
     assert mode & 0o007 == 0, "the socket is not for everyone on the node"
     # Owner and group only: every container must share the proxy's group.
     assert w.pod["securityContext"]["fsGroup"] == w.proxy["securityContext"]["runAsGroup"]
+
+
+# ------------------------------------------------------------------------ webhook
+
+WEBHOOK_DIR = DEPLOY / "webhook"
+WEBHOOK_FILES = sorted(WEBHOOK_DIR.glob("*.yaml"))
+# Custom resources the API schema bundle does not know; checked field by field below.
+CERT_MANAGER = "cert-manager.io/v1"
+
+
+def webhook_docs(name: str) -> list[dict[str, Any]]:
+    return load(WEBHOOK_DIR / name)
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return found
+
+
+def test_webhook_manifests_are_shipped() -> None:
+    assert {p.name for p in WEBHOOK_FILES} == {
+        "webhook.yaml",
+        "webhook-cert-manager.yaml",
+        "webhook-static-cert.yaml",
+    }
+
+
+@pytest.mark.parametrize("path", WEBHOOK_FILES, ids=lambda p: p.name)
+def test_webhook_manifest_validates_against_the_kubernetes_schema(path: pathlib.Path) -> None:
+    assert path.read_text(encoding="utf-8").startswith("#"), path.name
+    for doc in load(path):
+        if doc["apiVersion"] != CERT_MANAGER:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_webhook_deployment_args_certificate_and_service_line_up() -> None:
+    from plugproxy import cli
+
+    docs = webhook_docs("webhook.yaml")
+    deployment, service = one(docs, "Deployment"), one(docs, "Service")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    ns = cli.build_parser().parse_args(container["args"])
+    assert ns.command == "webhook"
+    assert not ns.fail_closed  # matches failurePolicy Ignore
+    # The serving port: Service -> container port -> --listen.
+    port = next(
+        p for p in container["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"]
+    )
+    assert ns.listen.endswith(f":{port['containerPort']}")
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == ("/healthz", "https", "HTTPS")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    # Certificate files come from a whole Secret directory, so rotation is seen.
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    for path in (ns.tls_cert, ns.tls_key):
+        mount = mounts[posixpath.dirname(path)]
+        assert "subPath" not in mount and mount["readOnly"] is True
+    volume = next(
+        v for v in pod["volumes"] if v["name"] == mounts[posixpath.dirname(ns.tls_cert)]["name"]
+    )
+    certificate = one(webhook_docs("webhook-cert-manager.yaml"), "Certificate")
+    assert volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+    dns = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert dns in certificate["spec"]["dnsNames"]
+    issuer = one(webhook_docs("webhook-cert-manager.yaml"), "Issuer")
+    assert certificate["spec"]["issuerRef"] == {
+        "kind": "Issuer",
+        "name": issuer["metadata"]["name"],
+    }
+    assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"]
+    # Locked down like the proxy.
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+
+
+@pytest.mark.parametrize("name", ["webhook-cert-manager.yaml", "webhook-static-cert.yaml"])
+def test_webhook_registration(name: str) -> None:
+    from plugproxy import inject
+
+    service = one(webhook_docs("webhook.yaml"), "Service")
+    config = one(webhook_docs(name), "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"  # a down webhook never blocks a pod
+    assert hook["sideEffects"] == "None"
+    assert "v1" in hook["admissionReviewVersions"]
+    assert hook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    target = hook["clientConfig"]["service"]
+    assert (target["name"], target["namespace"]) == (
+        service["metadata"]["name"],
+        service["metadata"]["namespace"],
+    )
+    assert target["path"] == "/mutate"
+    assert target["port"] == service["spec"]["ports"][0]["port"]
+    assert inject.OPT_IN in hook["namespaceSelector"]["matchLabels"]
+    assert hook["objectSelector"]["matchExpressions"][0]["key"] == inject.OPT_IN
+    if name == "webhook-cert-manager.yaml":
+        certificate = one(webhook_docs(name), "Certificate")
+        meta = certificate["metadata"]
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            f"{meta['namespace']}/{meta['name']}"
+        )
+        assert "caBundle" not in hook["clientConfig"]
+    else:
+        assert hook["clientConfig"]["caBundle"]

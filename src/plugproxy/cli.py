@@ -1,4 +1,4 @@
-"""Command line: plugproxy serve | fake-plugin | demo | report."""
+"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from plugproxy import __version__, demo, report, serve
+from plugproxy import __version__, demo, inject, report, serve, webhook
 from plugproxy.endpoints import ConfigError
 from plugproxy.fakes import cli as fake_cli
 from plugproxy.options import OneLineParser, add_options
@@ -33,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     report_parser = sub.add_parser("report", help="print the spec violations a proxy has seen")
     report.add_arguments(report_parser)
     report_parser.set_defaults(run=report.run)
+
+    inject_parser = sub.add_parser("inject", help="add plugproxy to the workloads of manifests")
+    inject.add_arguments(inject_parser)
+    inject_parser.set_defaults(run=inject.run)
+
+    webhook_parser = sub.add_parser("webhook", help="inject plugproxy into pods on admission")
+    webhook.add_arguments(webhook_parser)
+    webhook_parser.set_defaults(run=webhook.run)
     return parser
 
 

@@ -1,0 +1,939 @@
+"""``plugproxy inject``: add plugproxy to the workloads of Kubernetes manifests.
+
+A plugin socket is found from what the pod spec says, never from container or image
+names: the addresses the containers are given (``--csi-address``, ``--endpoint``,
+``CSI_ENDPOINT``/``COSI_ENDPOINT``/``CMI_ENDPOINT``, with ``$(VAR)`` expanded as kubelet
+does) resolved through each container's volume mounts to (volume, path in volume), or to a
+TCP port on the pod's network. A container that only dials (``--csi-address``) is a CO
+side; the one that serves the socket is the driver.
+
+The edit is the smallest one that puts plugproxy in the path: the driver's mount of the
+socket directory is pointed at a private emptyDir, so the driver keeps its own flags and
+listens where it always did, but into a directory only plugproxy also mounts; plugproxy
+mounts the original directory at the same path and listens where the driver used to. Over
+TCP the driver's port moves instead. Everything done is recorded in one annotation, which
+makes injection idempotent and ``--remove`` exact.
+
+Documents are edited with ruamel.yaml in round-trip mode; a document without a workload
+to change is written back as it was read, byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import io
+import itertools
+import json
+import pathlib
+import posixpath
+import re
+import sys
+from collections.abc import Iterator, MutableMapping, MutableSequence, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError
+
+from plugproxy import __version__, serve
+from plugproxy.endpoints import ConfigError
+from plugproxy.options import add_options, duration
+from plugproxy.registry import SPEC_NAMES
+from plugproxy.stages.validate import MODES
+
+PREFIX = "plugproxy.io/"
+RECORD = PREFIX + "injected"  # what injection changed, so it can be undone exactly
+DRIVER_HINT = PREFIX + "driver-container"
+OPT_IN = PREFIX + "inject"
+PROXY = "plugproxy"
+PREPARE = "plugproxy-prepare-socket-dir"
+INNER_VOLUME = "plugproxy-upstream"
+TMP_VOLUME = "plugproxy-tmp"
+ADMIN_PORT_NAME = "plugproxy-admin"
+UID = 65532
+DEFAULT_IMAGE = f"plugproxy:{__version__}"
+# `sh -c SCRIPT cmd args...`: $0 and $@ are the driver's own command, run unchanged.
+UMASK_WRAPPER = ["/bin/sh", "-c", 'umask 0007 && exec "$0" "$@"']
+PROMETHEUS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+KUBELET_PLUGINS = "/var/lib/kubelet/plugins/"  # where kubelet finds CSI node sockets
+
+# Flags naming a plugin address, and what they say about the container giving them.
+CLIENT_FLAGS = {"--csi-address": "csi"}
+SERVER_FLAGS = {"--endpoint": "", "--csi-endpoint": "csi"}
+# Variables naming a plugin address: a CSI driver reads CSI_ENDPOINT; COSI and CMI give the
+# same variable to both sides, so those alone do not say which side a container is.
+ENDPOINT_ENV = {
+    "CSI_ENDPOINT": ("server", "csi"),
+    "COSI_ENDPOINT": ("either", "cosi"),
+    "CMI_ENDPOINT": ("either", "cmi"),
+}
+SPEC_OF_FAMILY = {"csi": "csi.v1", "cosi": "cosi.v1alpha1", "cmi": "cmi.v1"}
+POD_TEMPLATE_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job")
+ARG_VAR = re.compile(r"\$\((\w+)\)")
+PORT_IN_ARG = re.compile(r"^--[\w-]*(?:port|address|endpoint|listen)[\w-]*=\S*?:?(\d{2,5})$")
+DOC_START = re.compile(r"---(?:\s|$)")
+KEY_LINE = re.compile(r"( *)[^\s#-][^:#]*:\s*(?:#.*)?$")
+ITEM_LINE = re.compile(r"( *)- ")
+
+
+class InjectError(Exception):
+    """A workload that cannot be wired unambiguously; the message names it."""
+
+
+@dataclass(frozen=True)
+class InjectOptions:
+    image: str = DEFAULT_IMAGE
+    validation: str = "audit"
+    serve_args: tuple[str, ...] = ()
+    driver_container: str | None = None
+    spec: str | None = None  # None: told by the endpoint's spec family, else auto
+
+
+@dataclass
+class Outcome:
+    changed: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------ reading a pod spec
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One plugin address a container is configured with."""
+
+    container: int
+    role: str  # client, server or either
+    family: str  # csi, cosi, cmi or "" when the flag does not say
+    address: str
+    literal: tuple[Any, ...]  # where the address text lives: ("env", i) or ("args", i, prefix)
+
+
+def _env_values(container: MutableMapping[str, Any]) -> dict[str, str]:
+    return {
+        str(e["name"]): str(e["value"])
+        for e in container.get("env") or []
+        if isinstance(e, MutableMapping) and "name" in e and "value" in e
+    }
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    return ARG_VAR.sub(lambda m: env.get(m[1], m[0]), word)
+
+
+def _literal_for(
+    raw: str, where: tuple[Any, ...], container: MutableMapping[str, Any]
+) -> tuple[Any, ...]:
+    """Where to edit the address: the arg itself, or the variable it is made of."""
+    var = ARG_VAR.fullmatch(raw)
+    if var:
+        for i, e in enumerate(container.get("env") or []):
+            if e.get("name") == var[1] and "value" in e:
+                return ("env", i)
+    return where if not ARG_VAR.search(raw) else ()
+
+
+def container_refs(index: int, container: MutableMapping[str, Any]) -> list[Ref]:
+    env = _env_values(container)
+    refs = []
+    for i, e in enumerate(container.get("env") or []):
+        name = e.get("name") if isinstance(e, MutableMapping) else None
+        if name in ENDPOINT_ENV and "value" in e:
+            role, family = ENDPOINT_ENV[name]
+            refs.append(Ref(index, role, family, str(e["value"]), ("env", i)))
+    for key in ("command", "args"):
+        words = [str(w) for w in container.get(key) or []]
+        for i, word in enumerate(words):
+            flag, sep, raw = word.partition("=")
+            literal: tuple[Any, ...] = (key, i, flag + "=")
+            if not sep and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                raw, literal = words[i + 1], (key, i + 1, "")
+            elif not sep:
+                continue
+            flag = "--" + flag.lstrip("-")  # -csi-address and --csi-address alike
+            if flag in CLIENT_FLAGS:
+                role, family = "client", CLIENT_FLAGS[flag]
+            elif flag in SERVER_FLAGS:
+                role, family = "server", SERVER_FLAGS[flag]
+            else:
+                continue
+            refs.append(
+                Ref(index, role, family, _expand(raw, env), _literal_for(raw, literal, container))
+            )
+    return refs
+
+
+def _unix_path(address: str) -> str | None:
+    if address.startswith("unix:"):
+        return "/" + address[len("unix:") :].lstrip("/")
+    if address.startswith("/"):
+        return address
+    return None
+
+
+def _tcp_port(address: str) -> int | None:
+    text = address.removeprefix("tcp://")
+    _, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or "/" in text or "://" in text:
+        return None
+    return int(port)
+
+
+def socket_mount(container: MutableMapping[str, Any], path: str) -> int | None:
+    """Index of the mount the path lies in (the deepest one), or None."""
+    best, best_len = None, -1
+    for i, mount in enumerate(container.get("volumeMounts") or []):
+        base = str(mount.get("mountPath", "")).rstrip("/") or "/"
+        inside = path == base or path.startswith(base.rstrip("/") + "/")
+        if inside and len(base) > best_len:
+            best, best_len = i, len(base)
+    return best
+
+
+def location(container: MutableMapping[str, Any], address: str) -> tuple[str, ...] | None:
+    """("unix", volume, path in volume) or ("tcp", port): where the address really is."""
+    path = _unix_path(address)
+    if path is not None:
+        index = socket_mount(container, path)
+        if index is None:
+            return None  # the container's own filesystem: no other container reaches it
+        mount = container["volumeMounts"][index]
+        rel = posixpath.relpath(path, str(mount["mountPath"]).rstrip("/") or "/")
+        return (
+            "unix",
+            str(mount["name"]),
+            posixpath.normpath(posixpath.join(str(mount.get("subPath") or ""), rel)),
+        )
+    port = _tcp_port(address)
+    return ("tcp", str(port)) if port is not None else None
+
+
+def declared_ports(container: MutableMapping[str, Any]) -> set[int]:
+    return {int(p["containerPort"]) for p in container.get("ports") or [] if "containerPort" in p}
+
+
+# ------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class Plan:
+    driver: int
+    loc: tuple[str, ...]
+    family: str
+    mount: int | None  # the driver's mount of the socket directory (unix)
+    ref: Ref
+
+
+def _workload_name(kind: str, meta: MutableMapping[str, Any] | None) -> str:
+    meta = meta or {}
+    name = meta.get("name") or meta.get("generateName") or "<unnamed>"
+    namespace = meta.get("namespace")
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+def has_proxy(pod: MutableMapping[str, Any]) -> bool:
+    for c in pod.get("containers") or []:
+        words = [str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])]]
+        if c.get("name") == PROXY or "PLUGPROXY_LISTEN" in _env_values(c):
+            return True
+        if words[:1] == ["serve"] and any(w.startswith("--listen") for w in words):
+            return True
+    return False
+
+
+def plan(
+    pod: MutableMapping[str, Any],
+    annotations: MutableMapping[str, Any],
+    who: str,
+    opts: InjectOptions,
+) -> Plan | None:
+    containers = list(pod.get("containers") or [])
+    names = [str(c.get("name")) for c in containers]
+    hint = annotations.get(DRIVER_HINT)
+    if hint is not None and hint not in names:
+        raise InjectError(
+            f"{who}: annotation {DRIVER_HINT}={hint!r} names no container "
+            f"(have: {', '.join(names)})"
+        )
+    if hint is None and opts.driver_container in names:
+        hint = opts.driver_container
+    by_loc: dict[tuple[str, ...], list[Ref]] = {}
+    for i, c in enumerate(containers):
+        for ref in container_refs(i, c):
+            loc = location(c, ref.address)
+            if loc is not None:
+                by_loc.setdefault(loc, []).append(ref)
+    plans: list[Plan] = []
+    for loc, refs in by_loc.items():
+        clients = {r.container for r in refs if r.role == "client"}
+        serving = [r for r in refs if r.role != "client" and r.container not in clients]
+        if not serving:
+            continue  # only CO sides here: the plugin is in another pod
+        alone = len({r.container for r in refs}) == 1
+        if alone and not _served_to_the_node(pod, loc, refs):
+            continue  # nobody else names it: a flag that only looks like a plugin endpoint
+        strong = [r for r in serving if r.role == "server"]
+        if not strong and loc[0] == "tcp":
+            strong = [r for r in serving if int(loc[1]) in declared_ports(containers[r.container])]
+        candidates = strong or serving
+        drivers = sorted({r.container for r in candidates})
+        if hint is not None and hint in [names[r.container] for r in serving]:
+            drivers = [names.index(hint)]
+        elif hint is not None:
+            continue  # the hinted driver serves another socket
+        if len(drivers) > 1:
+            listed = ", ".join(names[d] for d in drivers)
+            raise InjectError(
+                f"{who}: cannot tell which container serves {_describe(loc)}: {listed} all name "
+                f"it; say which with --driver-container NAME or the {DRIVER_HINT} annotation"
+            )
+        ref = next(r for r in [*candidates, *serving] if r.container == drivers[0])
+        family = next((r.family for r in refs if r.family), "")
+        mount = None
+        if loc[0] == "unix":
+            mount = socket_mount(containers[drivers[0]], _unix_path(ref.address) or "")
+        plans.append(Plan(drivers[0], loc, family, mount, ref))
+    if len(plans) > 1:
+        listed = "; ".join(f"{_describe(p.loc)} served by {names[p.driver]}" for p in plans)
+        raise InjectError(
+            f"{who}: more than one plugin socket ({listed}); say which driver with "
+            "--driver-container NAME"
+        )
+    return plans[0] if plans else None
+
+
+def _served_to_the_node(
+    pod: MutableMapping[str, Any], loc: tuple[str, ...], refs: Sequence[Ref]
+) -> bool:
+    """A socket with no CO side in the pod is a plugin's only if kubelet is its CO: a CSI
+    endpoint in a host directory (the driver of a split DaemonSet, registrar elsewhere)."""
+    if loc[0] != "unix":
+        return False
+    volume = next((v for v in pod.get("volumes") or [] if v.get("name") == loc[1]), None)
+    host = (volume or {}).get("hostPath")
+    if not isinstance(host, MutableMapping):
+        return False
+    path = posixpath.join(str(host.get("path", "")), "")
+    return any(r.family == "csi" for r in refs) or path.startswith(KUBELET_PLUGINS)
+
+
+def _describe(loc: tuple[str, ...]) -> str:
+    if loc[0] == "tcp":
+        return f"TCP port {loc[1]}"
+    return f"the socket {loc[2]} in volume {loc[1]}"
+
+
+# ------------------------------------------------------------------------ editing
+
+
+def _new_map(like: Any, items: dict[str, Any] | None = None) -> Any:
+    """A mapping of the same kind as the document's (round-trip or plain)."""
+    out: Any = CommentedMap() if isinstance(like, CommentedMap) else {}
+    for k, v in (items or {}).items():
+        out[k] = v
+    return out
+
+
+def _new_seq(like: Any, items: Sequence[Any] = ()) -> Any:
+    return CommentedSeq(items) if isinstance(like, CommentedMap) else list(items)
+
+
+def _convert(like: Any, value: Any) -> Any:
+    """Plain dicts and lists as round-trip nodes when the document is round-trip."""
+    if not isinstance(like, CommentedMap):
+        return value
+    if isinstance(value, dict):
+        out = CommentedMap()
+        for k, v in value.items():
+            out[k] = _convert(like, v)
+        return out
+    if isinstance(value, list):
+        seq = CommentedSeq(_convert(like, v) for v in value)
+        if value and all(isinstance(v, str) for v in value) and len(" ".join(value)) < 60:
+            seq.fa.set_flow_style()  # short word lists on one line; long args one per line
+        return seq
+    return value
+
+
+def _put(
+    mapping: MutableMapping[str, Any], key: str, value: Any, before: Sequence[str] = ()
+) -> None:
+    """Add a key, ahead of the first of `before` that exists (the rest go at the end)."""
+    if isinstance(mapping, CommentedMap):
+        keys = list(mapping)
+        for anchor in before:
+            if anchor in keys:
+                mapping.insert(keys.index(anchor), key, value)
+                return
+    mapping[key] = value
+
+
+def _grace(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
+def _free_admin_port(pod: MutableMapping[str, Any], start: int) -> int:
+    used: set[int] = set()
+    for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
+        used |= declared_ports(c)
+        used |= {int(p["hostPort"]) for p in c.get("ports") or [] if "hostPort" in p}
+        for word in [*(c.get("command") or []), *(c.get("args") or [])]:
+            match = PORT_IN_ARG.match(str(word))
+            if match:
+                used.add(int(match[1]))
+    port = start
+    while port in used:
+        port += 1
+    return port
+
+
+def _run_as_user(pod: MutableMapping[str, Any], container: MutableMapping[str, Any]) -> Any:
+    for sc in (container.get("securityContext") or {}, pod.get("securityContext") or {}):
+        if "runAsUser" in sc:
+            return sc["runAsUser"]
+    return None
+
+
+def _serve_flag(args: Sequence[str], flag: str) -> str | None:
+    for i, word in enumerate(args):
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+        if word == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def inject_pod(
+    pod: MutableMapping[str, Any],
+    meta: MutableMapping[str, Any],
+    who: str,
+    opts: InjectOptions,
+    outcome: Outcome,
+) -> None:
+    """Inject into one pod spec in place (its metadata carries the annotations)."""
+    annotations = meta.get("annotations") or {}
+    if RECORD in annotations or has_proxy(pod) or annotations.get(OPT_IN) == "false":
+        return
+    p = plan(pod, annotations, who, opts)
+    if p is None:
+        return
+    containers = pod["containers"]
+    driver = containers[p.driver]
+    record: dict[str, Any] = {"driver": str(driver["name"]), "added": []}
+    added: list[str] = record["added"]
+
+    # Where plugproxy listens and where the driver goes.
+    if p.loc[0] == "unix":
+        assert p.mount is not None
+        mount = driver["volumeMounts"][p.mount]
+        if mount.get("mountPropagation"):
+            raise InjectError(
+                f"{who}: the socket of {driver['name']} is in volume {mount['name']}, which it "
+                "mounts with mountPropagation for more than the socket; give the socket a "
+                "directory of its own"
+            )
+        socket_path = _unix_path(p.ref.address) or ""
+        base = str(mount["mountPath"]).rstrip("/") or "/"
+        rel = posixpath.relpath(socket_path, base)
+        inner = "/plugin" if not (base + "/").startswith("/plugin/") else "/plugproxy-plugin"
+        listen, upstream = "unix://" + socket_path, "unix://" + posixpath.join(inner, rel)
+        record["mount"] = [p.mount, str(mount["name"])]
+        mount["name"] = INNER_VOLUME
+        proxy_mounts = [{"name": str(record["mount"][1]), "mountPath": base}]
+        inner_mount = {"name": INNER_VOLUME, "mountPath": inner}
+        if mount.get("subPath"):
+            proxy_mounts[0]["subPath"] = inner_mount["subPath"] = str(mount["subPath"])
+        proxy_mounts += [inner_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
+    else:
+        port = int(p.loc[1])
+        used = {port}.union(*(declared_ports(c) for c in containers))
+        new_port = port + 1
+        while new_port in used:
+            new_port += 1
+        if not p.ref.literal:
+            raise InjectError(
+                f"{who}: the address of {driver['name']} ({p.ref.address}) is built from "
+                "several variables; cannot move it to another port"
+            )
+        kind, index, *prefix = p.ref.literal
+        holder = driver["env"][index] if kind == "env" else driver[kind]
+        key = "value" if kind == "env" else index
+        original = str(holder[key])
+        value = original[len(prefix[0]) :] if prefix else original
+        moved = re.sub(rf":{port}$", f":{new_port}", value)
+        holder[key] = (prefix[0] if prefix else "") + moved
+        record["endpoint"] = [kind, index, original]
+        listen, upstream = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{new_port}"
+        proxy_mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+
+    # Socket access: plugproxy (UID 65532) must be able to write the driver's socket.
+    if p.loc[0] == "unix" and _run_as_user(pod, driver) != UID:
+        command = driver.get("command")
+        if command:
+            for i, word in enumerate(UMASK_WRAPPER):
+                command.insert(i, word)
+            record["wrapped"] = True
+        else:
+            outcome.warnings.append(
+                f"{who}: {driver['name']} sets no command to start it with umask 0007; make "
+                "its socket group-writable (a socket-mode flag, or run it as UID 65532), or "
+                "plugproxy's /readyz will say it cannot connect"
+            )
+
+    # The pod: group, grace period, annotations.
+    security = pod.get("securityContext")
+    group = (security or {}).get("fsGroup")
+    if p.loc[0] == "unix" and group is None:
+        # fsGroup gives every container the proxy's group: the CO side can open the 0660
+        # socket, and the emptyDirs are group-writable.
+        if security is None:
+            security = _new_map(pod)
+            _put(pod, "securityContext", security, before=("initContainers", "containers"))
+            added.append("securityContext")
+        security["fsGroup"] = group = UID
+        added.append("fsGroup")
+    term = pod.get("terminationGracePeriodSeconds", 30)
+    grace = term - 5 if term >= 10 else term / 2
+    chosen_grace = _serve_flag(opts.serve_args, "--shutdown-grace")
+    if chosen_grace is not None and duration(chosen_grace) >= term:
+        raise InjectError(
+            f"{who}: --shutdown-grace {chosen_grace} is not below the pod's "
+            f"terminationGracePeriodSeconds ({term})"
+        )
+    admin = _serve_flag(opts.serve_args, "--admin-listen")
+    admin_port = int(admin.rpartition(":")[2]) if admin else _free_admin_port(pod, 9808)
+    if pod.get("hostNetwork"):
+        outcome.warnings.append(
+            f"{who}: hostNetwork: plugproxy's admin port {admin_port} is a port of the node; "
+            "make sure no other pod on the node uses it"
+        )
+
+    spec = opts.spec or SPEC_OF_FAMILY.get(p.family, "auto")
+    args = ["serve", f"--listen={listen}", f"--upstream={upstream}", f"--spec={spec}"]
+    if admin is None:
+        args.append(f"--admin-listen=0.0.0.0:{admin_port}")
+    args.append(f"--validation={opts.validation}")
+    if chosen_grace is None:
+        args.append(f"--shutdown-grace={_grace(grace)}")
+    if p.loc[0] == "tcp":
+        args.append("--insecure-tcp")  # both hops on the pod's loopback
+    args += opts.serve_args
+    run_group = group if isinstance(group, int) else UID
+    proxy = {
+        "name": PROXY,
+        "image": opts.image,
+        "args": args,
+        "ports": [{"name": ADMIN_PORT_NAME, "containerPort": admin_port, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": ADMIN_PORT_NAME},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": ADMIN_PORT_NAME},
+            "periodSeconds": 10,
+            "timeoutSeconds": 3,
+        },
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "256Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": run_group,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": proxy_mounts,
+    }
+    containers.insert(0, _convert(pod, proxy))
+
+    volumes = pod.get("volumes")
+    if volumes is None:
+        volumes = _new_seq(pod)
+        pod["volumes"] = volumes
+        added.append("volumes")
+    if p.loc[0] == "unix":
+        volumes.append(
+            _convert(
+                pod, {"name": INNER_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
+            )
+        )
+        socket_volume = next((v for v in volumes if v.get("name") == record["mount"][1]), None)
+        if socket_volume is not None and "hostPath" in socket_volume:
+            # kubelet creates the host directory root-owned 0755: give it to the proxy's group.
+            target = posixpath.dirname(_unix_path(listen) or "")
+            prepare = {
+                "name": PREPARE,
+                "image": opts.image,
+                "command": [
+                    "/bin/sh",
+                    "-c",
+                    f"mkdir -p {target} && chown 0:{run_group} {target} && chmod 0770 {target}",
+                ],
+                "securityContext": {
+                    "runAsUser": 0,
+                    "runAsNonRoot": False,
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "resources": {
+                    "requests": {"cpu": "10m", "memory": "16Mi"},
+                    "limits": {"cpu": "100m", "memory": "32Mi"},
+                },
+                "volumeMounts": [proxy_mounts[0]],
+            }
+            inits = pod.get("initContainers")
+            if inits is None:
+                inits = _new_seq(pod)
+                _put(pod, "initContainers", inits, before=("containers",))
+                added.append("initContainers")
+            inits.append(_convert(pod, prepare))
+    volumes.append(_convert(pod, {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}))
+
+    if meta.get("annotations") is None:
+        meta["annotations"] = _new_map(meta)
+        added.append("annotations")
+    notes = meta["annotations"]
+    if not any(k in notes for k in PROMETHEUS):
+        for key, value in zip(PROMETHEUS, ("true", str(admin_port), "/metrics"), strict=True):
+            notes[key] = value
+        record["prometheus"] = True
+    notes[RECORD] = json.dumps(record, separators=(",", ":"), sort_keys=True)
+    outcome.changed = True
+
+
+def remove_pod(
+    pod: MutableMapping[str, Any], meta: MutableMapping[str, Any], who: str, outcome: Outcome
+) -> None:
+    """Undo :func:`inject_pod` from its record."""
+    annotations = meta.get("annotations") or {}
+    if RECORD not in annotations:
+        if has_proxy(pod):
+            outcome.warnings.append(
+                f"{who}: plugproxy was not added by `plugproxy inject`; left as it is"
+            )
+        return
+    try:
+        record = json.loads(annotations[RECORD])
+        added = set(record["added"])
+    except (ValueError, KeyError, TypeError):
+        raise InjectError(
+            f"{who}: annotation {RECORD} is not one `plugproxy inject` wrote"
+        ) from None
+    containers = pod["containers"]
+    _drop(containers, PROXY)
+    driver = next((c for c in containers if c.get("name") == record["driver"]), None)
+    if driver is None:
+        raise InjectError(f"{who}: container {record['driver']!r} named in {RECORD} is gone")
+    if "mount" in record:
+        index, name = record["mount"]
+        driver["volumeMounts"][index]["name"] = name
+    if "endpoint" in record:
+        kind, index, original = record["endpoint"]
+        if kind == "env":
+            driver["env"][index]["value"] = original
+        else:
+            driver[kind][index] = original
+    if record.get("wrapped"):
+        del driver["command"][: len(UMASK_WRAPPER)]
+    for key, names in (("initContainers", (PREPARE,)), ("volumes", (INNER_VOLUME, TMP_VOLUME))):
+        for name in names:
+            _drop(pod.get(key) or [], name)
+        if key in added and not pod.get(key):
+            del pod[key]
+    if "fsGroup" in added:
+        del pod["securityContext"]["fsGroup"]
+    if "securityContext" in added and not pod.get("securityContext"):
+        del pod["securityContext"]
+    if record.get("prometheus"):
+        for key in PROMETHEUS:
+            annotations.pop(key, None)
+    del annotations[RECORD]
+    if "annotations" in added and not annotations:
+        del meta["annotations"]
+    outcome.changed = True
+
+
+def _drop(items: MutableSequence[Any], name: str) -> None:
+    for i, item in enumerate(items):
+        if isinstance(item, MutableMapping) and item.get("name") == name:
+            del items[i]
+            return
+
+
+# ------------------------------------------------------------------------ documents
+
+
+def pods_of(doc: Any) -> Iterator[tuple[MutableMapping[str, Any], MutableMapping[str, Any], str]]:
+    """(pod spec, the mapping holding its `metadata`, kind/namespace/name) of each workload."""
+    if not isinstance(doc, MutableMapping):
+        return
+    kind = str(doc.get("kind", ""))
+    if kind.endswith("List") and isinstance(doc.get("items"), MutableSequence):
+        for item in doc["items"]:
+            yield from pods_of(item)
+        return
+    who = _workload_name(kind, doc.get("metadata"))
+    spec = doc.get("spec")
+    if not isinstance(spec, MutableMapping):
+        return
+    if kind == "Pod":
+        yield spec, doc, who
+        return
+    if kind == "CronJob":
+        spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+    elif kind not in POD_TEMPLATE_KINDS:
+        return
+    template = spec.get("template")
+    if isinstance(template, MutableMapping) and isinstance(template.get("spec"), MutableMapping):
+        yield template["spec"], template, who
+
+
+def transform(doc: Any, opts: InjectOptions, remove: bool = False) -> Outcome:
+    """Inject into (or remove from) every workload of one parsed document, in place."""
+    outcome = Outcome()
+    for pod, holder, who in list(pods_of(doc)):
+        if not isinstance(pod.get("containers"), MutableSequence):
+            continue
+        meta = holder.get("metadata")
+        detached = not isinstance(meta, MutableMapping)
+        if detached:
+            meta = _new_map(holder)  # attached only if something goes in it
+        assert isinstance(meta, MutableMapping)
+        if remove:
+            remove_pod(pod, meta, who, outcome)
+            if not meta and not detached and isinstance(holder, CommentedMap):
+                del holder["metadata"]  # it held only what injection had put there
+        else:
+            inject_pod(pod, meta, who, opts, outcome)
+            if detached and meta:
+                _put(holder, "metadata", meta, before=("spec",))
+    return outcome
+
+
+def split_documents(text: str) -> list[str]:
+    """The text of each document, its `---` line included; joined, they are the input."""
+    chunks: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if DOC_START.match(line) and current:
+            chunks.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never fold a long line the input did not fold
+    return yaml
+
+
+def _sequence_style(body: str) -> tuple[int, int]:
+    """(sequence indent, dash offset) of the first block sequence under a key: `key:` then
+    `  - item` is the usual Kubernetes style (4, 2), `- item` flush with the key is (2, 0)."""
+    lines = body.splitlines()
+    for key_line, item_line in itertools.pairwise(lines):
+        key, item = KEY_LINE.match(key_line), ITEM_LINE.match(item_line)
+        if key and item and len(item[1]) >= len(key[1]):
+            offset = len(item[1]) - len(key[1])
+            return offset + 2, offset
+    return 2, 0
+
+
+def _dump(doc: Any, body: str) -> str:
+    """The document in the indentation style its own text uses."""
+    indent, offset = _sequence_style(body)
+    yaml = _yaml()
+    yaml.indent(mapping=2, sequence=indent, offset=offset)
+    buf = io.StringIO()
+    yaml.dump(doc, buf)
+    return buf.getvalue()
+
+
+def transform_text(
+    text: str, source: str, opts: InjectOptions, remove: bool = False
+) -> tuple[str, list[str]]:
+    """The whole text with every workload changed; documents left alone keep their bytes."""
+    out: list[str] = []
+    warnings: list[str] = []
+    errors: list[str] = []
+    loader = _yaml()
+    for number, chunk in enumerate(split_documents(text), start=1):
+        if "containers" not in chunk:
+            out.append(chunk)  # no pod spec in it (CRDs, RBAC, ConfigMaps): not even parsed
+            continue
+        head, body = "", chunk
+        if DOC_START.match(chunk):
+            head, _, body = chunk.partition("\n")
+            head += "\n"
+            if head.strip() != "---":  # `--- {a: 1}`: content on the marker line; rare
+                head, body = "", chunk
+        try:
+            doc = loader.load(body)
+        except YAMLError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise ConfigError(f"{source}: document {number} is not valid YAML: {first}") from None
+        try:
+            outcome = transform(doc, opts, remove)
+        except InjectError as exc:
+            errors.append(str(exc))
+            continue
+        warnings += outcome.warnings
+        out.append(head + _dump(doc, body) if outcome.changed else chunk)
+    if errors:
+        raise InjectError("; ".join(errors))
+    return "".join(out), warnings
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        default=["-"],
+        metavar="PATH",
+        help="YAML files or directories (*.yaml, *.yml); - or nothing: stdin",
+    )
+    parser.add_argument(
+        "--image", default=DEFAULT_IMAGE, help="plugproxy image to run (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--validation",
+        default="audit",
+        choices=[m for m in MODES if m != "off"],
+        help="what the proxy does with spec violations (default: audit)",
+    )
+    parser.add_argument(
+        "--serve-arg",
+        dest="serve_args",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more `plugproxy serve` flag, e.g. --serve-arg=--serialize=wait; repeatable",
+    )
+    parser.add_argument(
+        "--driver-container",
+        metavar="NAME",
+        help="the container serving the plugin socket, where the manifests do not say",
+    )
+    parser.add_argument(
+        "--spec",
+        choices=("auto", *SPEC_NAMES),
+        help="spec the proxy decodes calls with (default: told by the endpoint)",
+    )
+    parser.add_argument("--remove", action="store_true", help="take injected plugproxy out again")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--diff", action="store_true", help="print a unified diff instead of the manifests"
+    )
+    mode.add_argument(
+        "-i", "--in-place", action="store_true", help="rewrite the files (not for stdin)"
+    )
+
+
+class _ServeArgParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"--serve-arg: not accepted by `plugproxy serve`: {message}")
+
+
+def check_serve_args(serve_args: Sequence[str]) -> None:
+    """Extra serve flags must be ones `plugproxy serve` accepts: fail here, not in the pod."""
+    parser = _ServeArgParser(prog="plugproxy serve", add_help=False)
+    add_options(parser, serve.all_options(), environ={})
+    parser.parse_args(list(serve_args))
+    for flag in ("--listen", "--upstream"):
+        if _serve_flag(serve_args, flag) is not None:
+            raise ConfigError(f"--serve-arg {flag}: inject sets it from the manifests")
+
+
+def options_from(ns: argparse.Namespace) -> InjectOptions:
+    check_serve_args(ns.serve_args)
+    return InjectOptions(
+        ns.image, ns.validation, tuple(ns.serve_args), ns.driver_container, ns.spec
+    )
+
+
+def input_files(paths: Sequence[str]) -> list[str]:
+    files: list[str] = []
+    for raw in paths:
+        path = pathlib.Path(raw)
+        if raw == "-":
+            files.append(raw)
+        elif path.is_dir():
+            found = sorted(
+                str(p) for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
+            )
+            if not found:
+                raise ConfigError(f"{raw}: no *.yaml or *.yml files in the directory")
+            files += found
+        elif path.is_file():
+            files.append(raw)
+        else:
+            raise ConfigError(f"{raw}: no such file or directory")
+    return files
+
+
+async def run(ns: argparse.Namespace) -> int:
+    return run_sync(ns)
+
+
+def run_sync(ns: argparse.Namespace) -> int:
+    opts = options_from(ns)
+    files = input_files(ns.paths)
+    if ns.in_place and "-" in files:
+        raise ConfigError("--in-place needs files, not stdin")
+    results: list[tuple[str, str, str]] = []
+    warnings: list[str] = []
+    errors: list[str] = []
+    for name in files:
+        text = sys.stdin.read() if name == "-" else pathlib.Path(name).read_text(encoding="utf-8")
+        try:
+            new, warned = transform_text(text, name, opts, ns.remove)
+        except InjectError as exc:
+            errors.append(str(exc))
+            continue
+        warnings += warned
+        results.append((name, text, new))
+    for line in warnings:
+        print(f"plugproxy inject: warning: {line}", file=sys.stderr)
+    if errors:
+        # Nothing is written when any workload cannot be wired: never half an injection.
+        for line in errors:
+            print(f"plugproxy inject: error: {line}", file=sys.stderr)
+        return 2
+    if ns.diff:
+        for name, old, new in results:
+            label = "stdin" if name == "-" else name
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    old.splitlines(keepends=True),
+                    new.splitlines(keepends=True),
+                    f"a/{label}",
+                    f"b/{label}",
+                )
+            )
+        return 0
+    if ns.in_place:
+        for name, old, new in results:
+            if new != old:
+                pathlib.Path(name).write_text(new, encoding="utf-8")
+        return 0
+    for i, (_, _, new) in enumerate(results):
+        if i and not DOC_START.match(new):
+            sys.stdout.write("---\n")
+        sys.stdout.write(new if new.endswith("\n") or not new else new + "\n")
+    return 0

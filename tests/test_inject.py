@@ -1,0 +1,519 @@
+"""`plugproxy inject`: manifests in the shapes real drivers ship, injected, validated against
+the Kubernetes API schema, wired container by container, idempotent and reversible byte for
+byte; ambiguous workloads refused with nothing written.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pathlib
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from plugproxy import cli, inject, serve
+from plugproxy.options import duration
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "inject"
+DEPLOY = ROOT / "deploy"
+IMAGE = "registry.example.com/plugproxy:0.1.0"
+# Oldest supported, a middle one and the newest the schema bundle knows.
+K8S_VERSIONS = ("1.30", "1.33", kubernetes_validate.latest_version())
+INJECTABLE = sorted(p.name for p in FIXTURES.glob("*.yaml") if not p.name.startswith("ambiguous"))
+ARG_VAR = re.compile(r"\$\((\w+)\)")
+# Flags and variables that name a plugin address, for reading the wiring back.
+ADDRESS_FLAGS = ("--csi-address", "--endpoint", "--listen")
+ADDRESS_ENV = ("CSI_ENDPOINT", "COSI_ENDPOINT", "CMI_ENDPOINT")
+# Each fixture's plugin socket: the driver container and the CO-side containers dialling it.
+EXPECTED = {
+    "csi-node-env.yaml": {"acme-csi-node": ("acme", {"registrar", "liveness-probe"})},
+    "csi-controller-flag.yaml": {
+        "acme-csi-controller": (
+            "driver",
+            {"csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"},
+        )
+    },
+    "cosi.yaml": {"acme-cosi": ("cosi-driver", {"objectstorage-provisioner-sidecar"})},
+    "cmi.yaml": {"acme-machines": ("provider", {"machine-controller"})},
+    "helm-rendered.yaml": {"acme-csi-node": ("node", set())},
+    "pod-list.yaml": {"hostpath-csi": ("hostpath", {"csi-provisioner"})},
+    "job-without-template-metadata.yaml": {"j": ("driver", {"client"})},
+    "kustomize-built.yaml": {"acme-csi-controller": ("driver", {"csi-provisioner"})},
+}
+
+
+def run(
+    capsys: pytest.CaptureFixture[str], *args: str, stdin: str | None = None
+) -> tuple[int, str, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        if stdin is not None:
+            mp.setattr("sys.stdin", io.StringIO(stdin))
+        code = cli.main(["inject", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def injected_text(capsys: pytest.CaptureFixture[str], name: str, *extra: str) -> str:
+    code, out, err = run(capsys, "--image", IMAGE, *extra, str(FIXTURES / name))
+    assert code == 0, err
+    return out
+
+
+# ------------------------------------------------------------------------ reading it back
+
+
+@dataclass
+class Pod:
+    name: str
+    spec: dict[str, Any]
+    annotations: dict[str, str]
+
+    def container(self, name: str) -> dict[str, Any]:
+        return next(c for c in self.spec["containers"] if c["name"] == name)
+
+    def volume(self, name: str) -> dict[str, Any]:
+        return next(v for v in self.spec["volumes"] if v["name"] == name)
+
+    def mounters(self, volume: str) -> set[str]:
+        return {
+            c["name"]
+            for c in self.spec["containers"]
+            if any(m["name"] == volume for m in c.get("volumeMounts", []))
+        }
+
+
+def pods(text: str) -> dict[str, Pod]:
+    found = {}
+    for doc in yaml.safe_load_all(text):
+        for item in doc.get("items", [doc]) if doc else []:
+            if item["kind"] == "Pod":
+                meta, spec = item["metadata"], item["spec"]
+            elif "template" in item.get("spec", {}):
+                template = item["spec"]["template"]
+                meta, spec = template.get("metadata", {}), template["spec"]
+            else:
+                continue
+            found[item["metadata"]["name"]] = Pod(
+                item["metadata"]["name"], spec, meta.get("annotations") or {}
+            )
+    return found
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def addresses(container: dict[str, Any]) -> list[str]:
+    """Plugin addresses a container is given, $(VAR) expanded as kubelet does."""
+    env = env_of(container)
+    found = [v for k, v in env.items() if k in ADDRESS_ENV]
+    words = [
+        ARG_VAR.sub(lambda m: env.get(m[1], m[0]), w)
+        for w in [*container.get("command", []), *container.get("args", [])]
+    ]
+    for i, word in enumerate(words):
+        flag, sep, value = word.partition("=")
+        if flag in ADDRESS_FLAGS:
+            found.append(value if sep else words[i + 1])
+    return found
+
+
+def where(container: dict[str, Any], address: str) -> tuple[str, str]:
+    """(volume, path inside it) of a unix address, or ("tcp", port)."""
+    if not address.startswith(("unix:", "/")):
+        return ("tcp", address.rpartition(":")[2])
+    path = "/" + address.removeprefix("unix:").lstrip("/")
+    mounts = [
+        m
+        for m in container.get("volumeMounts", [])
+        if (path + "/").startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    assert mounts, f"{container['name']}: {address} is on no volume"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    return mount["name"], posixpath.relpath(path, mount["mountPath"])
+
+
+def proxy_flags(container: dict[str, Any]) -> dict[str, str]:
+    return dict(w.partition("=")[::2] for w in container["args"][1:] if w.startswith("--"))
+
+
+# ------------------------------------------------------------------------ the result
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_injected_output_validates_against_several_kubernetes_versions(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = injected_text(capsys, name, "--driver-container", "cosi-driver")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            for item in doc["items"] if doc["kind"] == "List" else [doc]:
+                kubernetes_validate.validate(item, version, strict=True)
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_socket_wiring_container_by_container(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = (FIXTURES / name).read_text(encoding="utf-8")
+    before = pods(source)
+    after = pods(injected_text(capsys, name))
+    assert set(before) == set(after)
+    for pod_name, (driver_name, co_side) in EXPECTED[name].items():
+        old, new = before[pod_name], after[pod_name]
+        proxy = new.container("plugproxy")
+        flags = proxy_flags(proxy)
+        listen, upstream = flags["--listen"], flags["--upstream"]
+        old_driver, driver = old.container(driver_name), new.container(driver_name)
+        # plugproxy listens exactly where the driver used to be reached...
+        assert where(proxy, listen) == where(old_driver, addresses(old_driver)[0])
+        # ... the driver now serves plugproxy's upstream ...
+        assert {where(driver, a) for a in addresses(driver)} == {where(proxy, upstream)}
+        # ... and every CO-side container is untouched and dials plugproxy.
+        for co_name in co_side:
+            assert new.container(co_name) == old.container(co_name)
+            for address in addresses(new.container(co_name)):
+                assert where(new.container(co_name), address) == where(proxy, listen)
+        # Nothing else in the pod changed in the other containers.
+        others = {c["name"] for c in old.spec["containers"]} - {driver_name}
+        for other in others:
+            assert new.container(other) == old.container(other)
+        if listen.startswith("unix:"):
+            inner, _ = where(proxy, upstream)
+            outer, _ = where(proxy, listen)
+            assert inner != outer
+            assert new.mounters(inner) == {"plugproxy", driver_name}
+            assert "emptyDir" in new.volume(inner)
+            # The driver keeps its flags and variables: only its mount moved.
+            assert env_of(driver) == env_of(old_driver)
+            assert driver.get("args") == old_driver.get("args")
+            assert new.spec["securityContext"]["fsGroup"] == proxy["securityContext"]["runAsGroup"]
+        else:
+            assert listen.startswith("tcp://127.0.0.1:") and upstream.startswith("tcp://127.0.0.1:")
+            assert "--insecure-tcp" in proxy["args"]
+
+
+def test_node_plugin_registration_path_names_the_proxy_socket_on_the_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pod = pods(injected_text(capsys, "csi-node-env.yaml"))["acme-csi-node"]
+    proxy, registrar = pod.container("plugproxy"), pod.container("registrar")
+    volume, rel = where(proxy, proxy_flags(proxy)["--listen"])
+    env = env_of(registrar)
+    host_path = env["DRIVER_REG_SOCK_PATH"]
+    assert host_path == posixpath.join(pod.volume(volume)["hostPath"]["path"], rel)
+    # The host directory is given to the proxy's group before anything starts.
+    (prepare,) = pod.spec["initContainers"]
+    assert prepare["volumeMounts"][0]["name"] == volume
+    assert "chown 0:65532" in prepare["command"][-1]
+    assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    # A root driver creates its socket group-writable, or the proxy cannot connect.
+    driver = pod.container("acme")
+    assert driver["command"] == [*inject.UMASK_WRAPPER, "/bin/acme-csi"]
+
+
+def test_emptydir_socket_needs_no_init_container_and_a_65532_driver_no_umask(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pod = pods(injected_text(capsys, "csi-controller-flag.yaml"))["acme-csi-controller"]
+    assert "initContainers" not in pod.spec
+    assert "command" not in pod.container("driver")
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_proxy_container_probes_ports_grace_and_security(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = pods((FIXTURES / name).read_text(encoding="utf-8"))
+    for pod_name, pod in pods(injected_text(capsys, name)).items():
+        if pod_name not in EXPECTED[name]:
+            assert pod == source[pod_name]
+            continue
+        proxy = pod.container("plugproxy")
+        flags = proxy_flags(proxy)
+        # The args are ones `plugproxy serve` accepts and checks.
+        ns = serve.parse_args(proxy["args"][1:], environ={})
+        serve.check_settings(ns)
+        port = int(flags["--admin-listen"].rpartition(":")[2])
+        assert flags["--admin-listen"].startswith("0.0.0.0:")
+        assert proxy["ports"] == [
+            {"name": "plugproxy-admin", "containerPort": port, "protocol": "TCP"}
+        ]
+        assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "plugproxy-admin"}
+        assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "plugproxy-admin"}
+        for other in pod.spec["containers"]:
+            if other is not proxy:
+                assert port not in {p["containerPort"] for p in other.get("ports", [])}
+                assert f"--health-port={port}" not in other.get("args", [])
+        assert pod.annotations["prometheus.io/scrape"] == "true"
+        assert pod.annotations["prometheus.io/port"] == str(port)
+        assert pod.annotations["prometheus.io/path"] == "/metrics"
+        grace = duration(flags["--shutdown-grace"])
+        assert grace < pod.spec.get("terminationGracePeriodSeconds", 30)
+        sc = proxy["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        tmp = next(m for m in proxy["volumeMounts"] if m["mountPath"] == "/tmp")
+        assert "emptyDir" in pod.volume(tmp["name"])
+        assert {"cpu", "memory"} <= set(proxy["resources"]["requests"])
+        assert proxy["image"] == IMAGE
+
+
+def test_the_admin_port_avoids_the_livenessprobe_sidecar(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pod = pods(injected_text(capsys, "csi-node-env.yaml"))["acme-csi-node"]
+    assert proxy_flags(pod.container("plugproxy"))["--admin-listen"] == "0.0.0.0:9809"
+
+
+def test_grace_follows_the_pods_termination_grace(capsys: pytest.CaptureFixture[str]) -> None:
+    pod = pods(injected_text(capsys, "csi-controller-flag.yaml"))["acme-csi-controller"]
+    assert proxy_flags(pod.container("plugproxy"))["--shutdown-grace"] == "55s"
+
+
+def test_flags_reach_the_proxy(capsys: pytest.CaptureFixture[str]) -> None:
+    text = injected_text(
+        capsys,
+        "csi-controller-flag.yaml",
+        "--validation=enforce",
+        "--serve-arg=--serialize=wait",
+        "--serve-arg=--log-level=debug",
+        "--spec=auto",
+    )
+    proxy = pods(text)["acme-csi-controller"].container("plugproxy")
+    assert "--validation=enforce" in proxy["args"]
+    assert "--spec=auto" in proxy["args"]
+    assert proxy["args"][-2:] == ["--serialize=wait", "--log-level=debug"]
+
+
+def test_cmi_provider_moves_to_the_next_free_port(capsys: pytest.CaptureFixture[str]) -> None:
+    pod = pods(injected_text(capsys, "cmi.yaml"))["acme-machines"]
+    assert env_of(pod.container("provider"))["CMI_ENDPOINT"] == "tcp://127.0.0.1:8081"
+    assert env_of(pod.container("machine-controller"))["CMI_ENDPOINT"] == "tcp://127.0.0.1:8080"
+    assert proxy_flags(pod.container("plugproxy"))["--spec"] == "cmi.v1"
+
+
+# ------------------------------------------------------------------------ bytes
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_injecting_twice_changes_nothing(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    once = injected_text(capsys, name)
+    code, twice, err = run(capsys, "--image", IMAGE, "-", stdin=once)
+    assert code == 0, err
+    assert twice == once
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_remove_restores_the_original_byte_for_byte(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = (FIXTURES / name).read_text(encoding="utf-8")
+    once = injected_text(capsys, name)
+    assert once != source
+    code, removed, err = run(capsys, "--remove", "-", stdin=once)
+    assert code == 0, err
+    assert removed == source
+
+
+def test_the_documents_own_sequence_style_is_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    # kustomize writes sequences flush with their key; the injected parts follow suit.
+    text = injected_text(capsys, "kustomize-built.yaml")
+    assert "      containers:\n      - name: plugproxy\n" in text
+    assert (
+        "        volumeMounts:\n        - mountPath: /csi\n          name: plugproxy-upstream\n"
+        in text
+    )
+
+
+def test_documents_without_a_plugin_keep_their_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    source = (FIXTURES / "helm-rendered.yaml").read_text(encoding="utf-8")
+    before = inject.split_documents(source)
+    after = inject.split_documents(injected_text(capsys, "helm-rendered.yaml"))
+    assert len(before) == len(after) == 7
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert changed == [4]  # the driver's DaemonSet; the split registrar DaemonSet is CO side only
+    # The edited document keeps its comments and its quoting.
+    assert after[4].startswith("---\n# Source: acme-csi/templates/node.yaml\n# The driver alone;")
+    assert '- "--nodeid=$(NODE_NAME)"' in after[4]
+
+
+def test_already_injected_deploy_manifests_pass_through(capsys: pytest.CaptureFixture[str]) -> None:
+    for path in sorted(DEPLOY.glob("c*.yaml")):
+        code, out, err = run(capsys, str(path))
+        assert code == 0, err
+        assert out == path.read_text(encoding="utf-8"), path.name
+
+
+def test_diff_and_in_place(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "manifests" / "node.yaml"
+    target.parent.mkdir()
+    target.write_text((FIXTURES / "csi-node-env.yaml").read_text(encoding="utf-8"))
+    (tmp_path / "manifests" / "notes.txt").write_text("not yaml")
+    code, out, _ = run(capsys, "--diff", str(target.parent))
+    assert code == 0
+    assert out.startswith(f"--- a/{target}\n+++ b/{target}\n")
+    assert "+        - name: plugproxy\n" in out
+    assert "-            - name: plugin-dir\n+            - name: plugproxy-upstream\n" in out
+    code, out, _ = run(capsys, "--in-place", "--image", IMAGE, str(target.parent))
+    assert code == 0 and out == ""
+    assert target.read_text() == injected_text(capsys, "csi-node-env.yaml")
+
+
+def test_several_files_become_one_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(FIXTURES / "cmi.yaml"), str(FIXTURES / "cosi.yaml"))
+    assert code == 0
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out)] == [
+        "acme-machines",
+        "acme-cosi",
+    ]
+
+
+# ------------------------------------------------------------------------ refusals
+
+
+def test_an_ambiguous_workload_is_refused_and_nothing_is_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, str(FIXTURES / "cmi.yaml"), str(FIXTURES / "ambiguous-cosi.yaml"))
+    assert code == 2
+    assert out == ""
+    (line,) = err.strip().splitlines()
+    assert "Deployment/cosi/acme-cosi" in line
+    assert "cosi-driver, objectstorage-provisioner-sidecar" in line
+    assert "--driver-container" in line
+    # Said once which container it is, the same workload injects.
+    code, out, err = run(
+        capsys, "--driver-container=cosi-driver", str(FIXTURES / "ambiguous-cosi.yaml")
+    )
+    assert code == 0, err
+    assert pods(out)["acme-cosi"].container("plugproxy")
+
+
+def pod_doc(**changes: Any) -> str:
+    doc = yaml.safe_load((FIXTURES / "pod-list.yaml").read_text())["items"][0]
+    for path, value in changes.items():
+        node = doc
+        *parents, last = path.split("__")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[last] = value
+    return yaml.safe_dump(doc)
+
+
+@pytest.mark.parametrize(
+    ("stdin", "args", "message"),
+    [
+        (
+            pod_doc(
+                spec__containers__0__volumeMounts=[
+                    {"name": "socket-dir", "mountPath": "/csi", "mountPropagation": "Bidirectional"}
+                ]
+            ),
+            (),
+            "Pod/default/hostpath-csi: the socket of hostpath is in volume socket-dir",
+        ),
+        (pod_doc(), ("--serve-arg=--no-such-flag",), "--serve-arg: not accepted"),
+        (pod_doc(), ("--serve-arg=--listen=unix:///x.sock",), "inject sets it"),
+        (
+            pod_doc(spec__terminationGracePeriodSeconds=10),
+            ("--serve-arg=--shutdown-grace=20s",),
+            "not below the pod's terminationGracePeriodSeconds (10)",
+        ),
+        (
+            pod_doc(metadata__annotations={"plugproxy.io/driver-container": "nope"}),
+            (),
+            "plugproxy.io/driver-container='nope' names no container",
+        ),
+        ("kind: Pod\nspec:\n  containers: [unclosed\n", (), "-: document 1 is not valid YAML"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(
+    stdin: str, args: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, *args, "-", stdin=stdin)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert message in err
+
+
+def test_missing_path_is_an_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    code, out, err = run(capsys, str(tmp_path / "nope.yaml"))
+    assert (code, out) == (2, "")
+    assert "no such file or directory" in err
+
+
+def test_a_pod_without_a_plugin_socket_passes_through(capsys: pytest.CaptureFixture[str]) -> None:
+    text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web  # a comment\nspec:\n  containers:\n  - name: nginx\n    image: nginx\n"
+    code, out, _ = run(capsys, "-", stdin=text)
+    assert (code, out) == (0, text)
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        # A metrics listener is not a plugin endpoint: nobody in the pod dials it.
+        {"name": "web", "image": "web", "args": ["--endpoint=tcp://0.0.0.0:8080"]},
+        # A client of a host socket that is not a plugin's.
+        {
+            "name": "agent",
+            "image": "agent",
+            "args": ["--endpoint=unix:///var/run/docker.sock"],
+            "volumeMounts": [{"name": "run", "mountPath": "/var/run"}],
+        },
+        # A CSI endpoint nobody can reach: the container's own emptyDir.
+        {
+            "name": "lonely",
+            "image": "lonely",
+            "env": [{"name": "CSI_ENDPOINT", "value": "unix:///csi/csi.sock"}],
+            "volumeMounts": [{"name": "scratch", "mountPath": "/csi"}],
+        },
+    ],
+    ids=["tcp-listener", "host-socket-client", "unreachable"],
+)
+def test_look_alike_endpoints_are_not_plugins(
+    container: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [container],
+            "volumes": [
+                {"name": "run", "hostPath": {"path": "/var/run"}},
+                {"name": "scratch", "emptyDir": {}},
+            ],
+        },
+    }
+    text = yaml.safe_dump(pod)
+    code, out, _ = run(capsys, "-", stdin=text)
+    assert (code, out) == (0, text)
+
+
+def test_a_workload_can_opt_out(capsys: pytest.CaptureFixture[str]) -> None:
+    text = pod_doc(metadata__annotations={"plugproxy.io/inject": "false"})
+    code, out, _ = run(capsys, "-", stdin=text)
+    assert (code, out) == (0, text)
+
+
+def test_the_plain_dict_api_matches_the_yaml_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """The webhook injects into JSON (plain dicts); the result must equal the CLI's."""
+    source = yaml.safe_load((FIXTURES / "pod-list.yaml").read_text())["items"][0]
+    pod = copy.deepcopy(source)
+    outcome = inject.transform(pod, inject.InjectOptions(image=IMAGE))
+    assert outcome.changed
+    from_cli = yaml.safe_load(injected_text(capsys, "pod-list.yaml"))["items"][0]
+    assert pod == from_cli
