@@ -1,53 +1,58 @@
-"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook."""
+"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook.
+
+Only the chosen subcommand's module is imported: `plugproxy serve` on every node should not
+pay for the YAML editor of `inject` or the fake plugins of `demo`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import sys
 from collections.abc import Sequence
 
-from plugproxy import __version__, demo, inject, report, serve, webhook
+from plugproxy import __version__
 from plugproxy.endpoints import ConfigError
-from plugproxy.fakes import cli as fake_cli
-from plugproxy.options import OneLineParser, add_options
+from plugproxy.options import OneLineParser
+
+# subcommand -> (module with add_arguments(parser) and async run(ns), one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("plugproxy.serve", "run the proxy between a CO and a plugin"),
+    "fake-plugin": ("plugproxy.fakes.cli", "serve an in-memory, spec-correct plugin"),
+    "demo": ("plugproxy.demo", "run a volume lifecycle through the proxy"),
+    "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
+    "inject": ("plugproxy.inject", "add plugproxy to the workloads of manifests"),
+    "webhook": ("plugproxy.webhook", "inject plugproxy into pods on admission"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand argv names (its first word that is not an option), if any."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv``, only the subcommand it names gets its arguments (and its
+    module imported) — the others are listed by name and help alone."""
+    chosen = _chosen(argv) if argv is not None else None
     parser = OneLineParser(prog="plugproxy", description="Spec-aware sidecar for CSI/COSI/CMI.")
     parser.add_argument("--version", action="version", version=f"plugproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-
-    serve_parser = sub.add_parser("serve", help="run the proxy between a CO and a plugin")
-    add_options(serve_parser, serve.all_options())
-    serve_parser.set_defaults(run=serve.run)
-
-    fake_parser = sub.add_parser("fake-plugin", help="serve an in-memory, spec-correct plugin")
-    fake_cli.add_arguments(fake_parser)
-    fake_parser.set_defaults(run=fake_cli.run)
-
-    demo_parser = sub.add_parser("demo", help="run a volume lifecycle through the proxy")
-    demo.add_arguments(demo_parser)
-    demo_parser.set_defaults(run=demo.run)
-
-    report_parser = sub.add_parser("report", help="print the spec violations a proxy has seen")
-    report.add_arguments(report_parser)
-    report_parser.set_defaults(run=report.run)
-
-    inject_parser = sub.add_parser("inject", help="add plugproxy to the workloads of manifests")
-    inject.add_arguments(inject_parser)
-    inject_parser.set_defaults(run=inject.run)
-
-    webhook_parser = sub.add_parser("webhook", help="inject plugproxy into pods on admission")
-    webhook.add_arguments(webhook_parser)
-    webhook_parser.set_defaults(run=webhook.run)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text)
+        if argv is None or name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
-        ns = parser.parse_args(argv)
+        parser = build_parser(args)
+        ns = parser.parse_args(args)
         code: int = asyncio.run(ns.run(ns))
     except ConfigError as exc:
         print(f"plugproxy: error: {exc}", file=sys.stderr)

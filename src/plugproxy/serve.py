@@ -108,6 +108,11 @@ def all_options() -> list[Option]:
     return [*CORE_OPTIONS, *transport.OPTIONS, *readiness.OPTIONS, *pipeline.stage_options()]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `serve` subcommand's options (with their PLUGPROXY_* environment defaults)."""
+    add_options(parser, all_options())
+
+
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Parse `serve` arguments on their own (tests and the demo build proxies this way)."""
     parser = OneLineParser(prog="plugproxy serve")
