@@ -150,7 +150,8 @@ async def call_through(sock: str) -> grpc.aio.AioRpcError | None:
     return None
 
 
-def until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+def until(predicate, timeout: float = 40.0) -> None:  # type: ignore[no-untyped-def]
+    # Generous: the node probes every 5 s, and on a loaded machine two processes start slowly.
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -160,7 +161,16 @@ def until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-
 async def run_case(tmp: Path, app: Proxy, nd: Proxy) -> tuple[str, str]:
     """(the caller's UNAVAILABLE message, the node's /readyz) once the node has tried."""
     try:
-        until(lambda: "TLS handshake failed" in nd.readyz())
+        seen: list[str] = []
+
+        def failed() -> bool:
+            seen.append(nd.readyz())
+            return "TLS handshake failed" in seen[-1]
+
+        try:
+            until(failed)
+        except AssertionError:
+            raise AssertionError(f"the node's /readyz kept saying {seen[-1]!r}") from None
         err = await call_through(str(tmp / "csi.sock"))
         assert err is not None and err.code() is grpc.StatusCode.UNAVAILABLE
         return err.details() or "", nd.readyz()
