@@ -4,9 +4,11 @@
     python bench/rulecost.py --volumes 500 --max-volumes 100
 
 The validate stage (audit, every rule on) judges the calls of a CSI v1 unified plugin, one
-lifecycle per volume: CreateVolume, ControllerPublishVolume, NodeStageVolume,
-NodePublishVolume, NodeGetVolumeStats, a repeated NodePublishVolume (an idempotent retry),
-NodeUnpublishVolume, NodeUnstageVolume, ControllerUnpublishVolume, DeleteVolume. Half the
+lifecycle per volume: CreateVolume (with a topology), ControllerPublishVolume,
+NodeStageVolume answered ABORTED and retried, NodePublishVolume, NodeGetVolumeStats, a
+repeated NodePublishVolume (an idempotent retry), CreateSnapshot twice (an idempotent
+repeat), NodeUnpublishVolume, NodeUnstageVolume, ControllerUnpublishVolume, DeleteSnapshot,
+DeleteVolume. Half the
 volumes are left published, so the memory the rules keep grows with them; the run prints
 the CPU per call against the same calls judged with every stateful family's state
 discarded after each call, and the memory the stage keeps per volume it tracks. With
@@ -51,13 +53,22 @@ CAPS = {
     "/csi.v1.Controller/ControllerGetCapabilities": {
         "capabilities": [
             {"rpc": {"type": t}}
-            for t in ("CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME", "GET_VOLUME")
+            for t in (
+                "CREATE_DELETE_VOLUME",
+                "PUBLISH_UNPUBLISH_VOLUME",
+                "GET_VOLUME",
+                "CREATE_DELETE_SNAPSHOT",
+            )
         ]
     },
     "/csi.v1.Node/NodeGetCapabilities": {
         "capabilities": [{"rpc": {"type": t}} for t in ("STAGE_UNSTAGE_VOLUME", "GET_VOLUME_STATS")]
     },
 }
+
+
+# One call ready to judge: method path, request bytes, response bytes, the answer's code.
+Prepared = tuple[str, bytes, bytes | None, grpc.StatusCode]
 
 
 class Driver:
@@ -87,9 +98,9 @@ class Driver:
             self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
         self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
         self.calls = 0
-        self.sink: list[tuple[str, bytes, bytes | None]] | None = None
+        self.sink: list[Prepared] | None = None
 
-    async def calls_of(self, volumes: int) -> list[tuple[str, bytes, bytes | None]]:
+    async def calls_of(self, volumes: int) -> list[Prepared]:
         """Every call of ``volumes`` lifecycles, encoded, so timing covers judging only."""
         self.sink = []
         for n in range(volumes):
@@ -103,33 +114,43 @@ class Driver:
         return json_format.ParseDict(fields, cls()).SerializeToString()
 
     async def call(
-        self, path: str, request: dict[str, Any], response: dict[str, Any] | None = None
+        self,
+        path: str,
+        request: dict[str, Any],
+        response: dict[str, Any] | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
     ) -> None:
-        prepared = self.prepare(path, request, response)
+        prepared = self.prepare(path, request, response, code)
         if self.sink is not None:  # preparing: the run judges them later, timed
             self.sink.append(prepared)
         else:
             await self.judge(prepared)
 
     def prepare(
-        self, path: str, request: dict[str, Any], response: dict[str, Any] | None = None
-    ) -> tuple[str, bytes, bytes | None]:
+        self,
+        path: str,
+        request: dict[str, Any],
+        response: dict[str, Any] | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+    ) -> Prepared:
         answer = None if response is None else self.message(path, "response", response)
-        return path, self.message(path, "request", request), answer
+        return path, self.message(path, "request", request), answer, code
 
-    async def judge(self, prepared: tuple[str, bytes, bytes | None]) -> None:
-        path, request, response = prepared
+    async def judge(self, prepared: Prepared) -> None:
+        path, request, response, code = prepared
         method = self.server.registry.lookup(path)
         call = Call(method, (), [], 30.0, "unix:")
         call.request = LazyMessage(request, method.request_class)
         pending = self.stage.on_start(call)
         if pending is not None:
             await pending
-        if response is not None:
+        if response is not None and code is grpc.StatusCode.OK:
             call.response = LazyMessage(response, method.response_class)
             call.response_count = 1
             self.stage.on_response(call, call.response)
-        call.code = grpc.StatusCode.OK
+        call.code = code
+        if code is not grpc.StatusCode.OK:
+            call.details = "operation pending for the volume"
         self.stage.on_finish(call)
         self.calls += 1
 
@@ -145,7 +166,14 @@ class Driver:
         await self.call(
             f"/{PKG}.Controller/CreateVolume",
             {"name": f"pvc-{n}", "volumeCapabilities": [cap]},
-            {"volume": {"volumeId": vid, "capacityBytes": "1073741824", "volumeContext": ctx}},
+            {
+                "volume": {
+                    "volumeId": vid,
+                    "capacityBytes": "1073741824",
+                    "volumeContext": ctx,
+                    "accessibleTopology": [{"segments": {"example.com/zone": "z1"}}],
+                }
+            },
         )
         pub = {"volumeId": vid, "nodeId": "node-1", "volumeCapability": cap}
         await self.call(
@@ -157,9 +185,10 @@ class Driver:
         target = f"/var/lib/kubelet/pods/{n}/volumes/kubernetes.io~csi/{vid}/mount"
         node = {"volumeId": vid, "volumeCapability": cap, "volumeContext": ctx}
         node["publishContext"] = {"dev": "/dev/sdb"}
-        await self.call(
-            f"/{PKG}.Node/NodeStageVolume", {**node, "stagingTargetPath": stage_path}, {}
-        )
+        staging = {**node, "stagingTargetPath": stage_path}
+        aborted = grpc.StatusCode.ABORTED
+        await self.call(f"/{PKG}.Node/NodeStageVolume", staging, None, aborted)
+        await self.call(f"/{PKG}.Node/NodeStageVolume", staging, {})
         publish = {**node, "stagingTargetPath": stage_path, "targetPath": target}
         await self.call(f"/{PKG}.Node/NodePublishVolume", publish, {})
         await self.call(
@@ -168,6 +197,10 @@ class Driver:
             {"usage": [{"total": "100", "unit": "BYTES"}]},
         )
         await self.call(f"/{PKG}.Node/NodePublishVolume", publish, {})
+        snapshot = {"name": f"snap-{n}", "sourceVolumeId": vid}
+        made = {"snapshot": {"snapshotId": f"s-{vid}", "sourceVolumeId": vid, "readyToUse": True}}
+        await self.call(f"/{PKG}.Controller/CreateSnapshot", snapshot, made)
+        await self.call(f"/{PKG}.Controller/CreateSnapshot", snapshot, made)
         if keep:
             return
         await self.call(
@@ -183,6 +216,7 @@ class Driver:
             {"volumeId": vid, "nodeId": "node-1"},
             {},
         )
+        await self.call(f"/{PKG}.Controller/DeleteSnapshot", {"snapshotId": f"s-{vid}"}, {})
         await self.call(f"/{PKG}.Controller/DeleteVolume", {"volumeId": vid}, {})
 
     def forget(self) -> None:

@@ -152,7 +152,8 @@ def test_relaycost_relays_every_call_it_prepares() -> None:
 def test_rulecost_keeps_rule_memory_within_its_bound(capsys: pytest.CaptureFixture[str]) -> None:
     rulecost = _load("rulecost")
     result = asyncio.run(rulecost.measure(volumes=60, max_volumes=20))
-    assert result["calls"] == 60 * 8  # half the lifecycles stop at the repeated publish
+    # 14 calls a lifecycle; half of them stop after the repeated CreateSnapshot (9 calls)
+    assert result["calls"] == 30 * 14 + 30 * 9
     assert 0 < result["volumes_tracked"] <= 20
     assert result["us_per_call"] > 0 and result["bytes_per_tracked_volume"] > 0
     assert asyncio.run(rulecost.main(["--volumes", "10"])) == 0

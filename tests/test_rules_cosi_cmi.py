@@ -99,6 +99,48 @@ async def test_cosi_create_repeated_with_another_bucket_id():
     assert flagged not in await cosi_create(h, "bucket-2", "id-3", a="b")
 
 
+async def test_cosi_create_repeated_with_another_bucket_info_within_the_lease():
+    h = Harness("cosi.v1alpha1")
+    flagged = ("cosi.create-not-idempotent", "plugin")
+
+    def create(endpoint: str) -> Any:
+        answer = {"bucket_id": "id-1", "bucket_info": {"s3": {"region": endpoint}}}
+        return h.call("DriverCreateBucket", {"name": "bucket-1"}, answer)
+
+    assert flagged not in await create("eu-1")
+    assert flagged not in await create("eu-1")
+    assert flagged in await create("eu-2")
+    assert "bucket_info" in h.messages[-1] and "eu-" not in h.messages[-1]
+    # past a leader-election lease another replica may have deleted and re-created it
+    h.clock.now += 16
+    assert flagged not in await create("eu-3")
+    h.clock.now += 16
+    assert flagged not in await cosi_create(h, "bucket-1", "id-9")
+
+
+async def test_cosi_grant_of_one_account_name_returns_one_account():
+    h = Harness("cosi.v1alpha1")
+    flagged = ("cosi.grant-account-changed", "plugin")
+
+    def grant(name: str, account: str, bucket: str = "id-1") -> Any:
+        return h.call(
+            "DriverGrantBucketAccess",
+            {"bucket_id": bucket, "name": name, "authentication_type": 1},
+            {"account_id": account},
+        )
+
+    assert flagged not in await grant("ba-1", "acc-1")
+    assert flagged not in await grant("ba-1", "acc-1")
+    assert flagged in await grant("ba-1", "acc-2")
+    assert "acc-" not in h.messages[-1] and "ba-" not in h.messages[-1]
+    assert flagged not in await grant("ba-1", "acc-3", bucket="id-2")  # another bucket
+    # a revoke sent, or a lease gone by (another replica may have revoked): a new account
+    await h.call("DriverRevokeBucketAccess", {"bucket_id": "id-1", "account_id": "acc-2"})
+    assert flagged not in await grant("ba-1", "acc-4")
+    h.clock.now += 16
+    assert flagged not in await grant("ba-1", "acc-5")
+
+
 async def test_cosi_create_after_a_delete_may_make_a_new_bucket():
     h = Harness("cosi.v1alpha1")
     await cosi_create(h, "bucket-1", "id-1", a="b")
@@ -337,6 +379,22 @@ async def test_cmi_empty_listings_are_advisory():
     )
     rule = h.stage._plans[h.paths["ListMachines"]].spec.rules["cmi.required-field-caveat"]
     assert rule.level == "SHOULD" and rule.reject_code is None
+
+
+async def test_cmi_get_volume_ids_repeated_answers_the_same_ids():
+    h = Harness("cmi.v1")
+    flagged = ("cmi.volume-ids-changed", "plugin")
+    pv = {"PVSpecList": b'[{"csi": {"volumeHandle": "v"}}]'}
+    assert flagged not in await h.call("GetVolumeIDs", pv, {"VolumeIDs": ["vol-1"]})
+    assert flagged not in await h.call("GetVolumeIDs", pv, {"VolumeIDs": ["vol-1"]})
+    h.clock.now += 30
+    assert flagged in await h.call("GetVolumeIDs", pv, {"VolumeIDs": ["vol-2"]})
+    assert "30s ago" in h.messages[-1] and "vol-" not in h.messages[-1]
+    # other PV specs, or the same ones long after (a plugin upgrade): not judged
+    other = {"PVSpecList": b"[]"}
+    assert flagged not in await h.call("GetVolumeIDs", other, {"VolumeIDs": ["vol-3"]})
+    h.clock.now += 601
+    assert flagged not in await h.call("GetVolumeIDs", pv, {"VolumeIDs": ["vol-4"]})
 
 
 async def test_cmi_empty_volume_ids_are_advisory():

@@ -202,13 +202,23 @@ MINE = {
     "csi.secrets-changed",
     "csi.list-restart-expected",
     "csi.volume-smaller-than-snapshot",
+    "csi.topology-prefix-inconsistent",
     "csi.snapshot-lost",
+    "csi.group-id-mismatch",
+    "csi.expand-already-large-refused",
+    "csi.snapshot-missing",
+    "csi.deleted-group-answered",
     "csi.delete-group-member",
     "csi.metadata-restart-offset",
 }
-FAMILY = MINE | {"csi.call-order"}  # other families' findings are not this file's business
+FAMILY = MINE | {
+    "csi.call-order",
+    "csi.create-not-idempotent",
+}  # other families' findings are not this file's business
 V0_ONLY_ABSENT = {
-    "csi.publish-context-changed",
+    "csi.deleted-group-answered",
+    "csi.group-id-mismatch",
+    "csi.expand-already-large-refused",
     "csi.republish-different-capability",
     "csi.expand-published-refused",
     "csi.snapshot-lost",
@@ -423,11 +433,68 @@ def test_publish_context_changed_after_a_handover_only_with_the_volume_in_use_he
     assert p.publish(context={"devicePath": "/dev/c"}) == {"csi.publish-context-changed"}
 
 
-def test_csi_v0_states_no_publish_info_immutability():
+def test_csi_v0_an_identical_publish_answers_the_same_publish_info():
     p = Proxy("csi.v0", caps={})
     p.create()
     p.publish(context={"devicePath": "/dev/a"})
-    assert p.publish(context={"devicePath": "/dev/b"}) == set()
+    assert p.publish(context={"devicePath": "/dev/a"}) == set()
+    assert p.publish(context={"devicePath": "/dev/b"}) == {"csi.publish-context-changed"}
+    assert "publish_info" in p.messages() and "/dev" not in p.messages()
+    p.clock.now += HANDOVER + 1  # an HA peer may have unpublished and published again
+    assert p.publish(context={"devicePath": "/dev/c"}) == set()
+
+
+# -- identical creates answer the same id ------------------------------------------------------
+
+
+def snapshot_of(sid: str, volume: str = "vol-1", **extra: Any) -> dict[str, Any]:
+    return {"snapshot": {"snapshot_id": sid, "source_volume_id": volume, **extra}}
+
+
+def test_an_identical_create_snapshot_must_return_the_same_snapshot_id():
+    p = Proxy()
+    req = {"name": "snap-1", "source_volume_id": "vol-1"}
+    assert p.ids("CreateSnapshot", req, snapshot_of("s-1")) == set()
+    assert p.ids("CreateSnapshot", req, snapshot_of("s-1", ready_to_use=True)) == set()
+    assert p.ids("CreateSnapshot", req, snapshot_of("s-2")) == {"csi.create-not-idempotent"}
+    assert p.last[0]["party"] == "plugin" and "s-1" not in p.messages()
+    # another source volume is not an identical request
+    other = {"name": "snap-1", "source_volume_id": "vol-2"}
+    assert p.ids("CreateSnapshot", other, snapshot_of("s-3", "vol-2")) == set()
+
+
+def test_a_snapshot_deleted_and_created_again_or_after_a_handover_is_new():
+    p = Proxy()
+    req = {"name": "snap-1", "source_volume_id": "vol-1"}
+    p.ids("CreateSnapshot", req, snapshot_of("s-1"))
+    p.ids("DeleteSnapshot", {"snapshot_id": "s-1"}, {})  # csi-sanity re-uses names so
+    assert p.ids("CreateSnapshot", req, snapshot_of("s-2")) == set()
+    p.clock.now += HANDOVER + 1  # another replica may have deleted and re-created it
+    assert p.ids("CreateSnapshot", req, snapshot_of("s-3")) == set()
+
+
+def test_an_identical_create_group_must_return_the_same_group_id():
+    p = Proxy()
+    req = {"name": "g-1", "source_volume_ids": ["vol-1", "vol-2"]}
+
+    def group(gid: str) -> dict[str, Any]:
+        return {"group_snapshot": {"group_snapshot_id": gid, "ready_to_use": True}}
+
+    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-a")) == set()
+    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-b")) == {"csi.create-not-idempotent"}
+    p.ids("DeleteVolumeGroupSnapshot", {"group_snapshot_id": "g-b"}, {})
+    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-c")) == set()
+
+
+def test_an_identical_create_volume_is_judged_within_the_handover_only():
+    for spec in ("csi.v1", "csi.v0"):
+        p = Proxy(spec, caps={})
+        p.create("vol-1")
+        assert p.create("vol-2") == {"csi.create-not-idempotent"}, spec
+        p.clock.now += HANDOVER + 1  # a delete and re-create through another replica
+        assert p.create("vol-3") == set(), spec
+        p.call("DeleteVolume", {"volume_id": "vol-3"}, {})
+        assert p.create("vol-4") == set(), spec
 
 
 # -- a single-node volume published to a second node -----------------------------------------
@@ -627,11 +694,57 @@ def test_controller_expand_of_a_published_volume_with_offline_expansion_only():
     expand = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 1 << 31}}
     assert p.ids("ControllerExpandVolume", expand, code="FAILED_PRECONDITION") == set()
     p.publish()
-    assert p.ids("ControllerExpandVolume", expand) == set()  # the plugin went ahead
+    # within a lease of the publication no other replica can have unpublished it
+    assert p.call("ControllerExpandVolume", expand) == [("csi.call-order", "co", "volume_id")]
+    assert "only OFFLINE" in p.messages()
+    p.clock.now += HANDOVER + 1
+    assert p.ids("ControllerExpandVolume", expand) == set()  # maybe unpublished elsewhere
+    assert p.call("ControllerExpandVolume", expand, code="FAILED_PRECONDITION") == [
+        ("csi.call-order", "co", "volume_id")
+    ]  # the plugin's "in use" confirms it
+    assert "only OFFLINE" in p.messages()
+
+
+def test_controller_expand_of_a_volume_in_use_on_this_node_with_offline_expansion_only():
+    p = Proxy(caps={**V1_CAPS, "plugin": {"CONTROLLER_SERVICE", "OFFLINE"}})
+    p.create()
+    expand = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 1 << 31}}
+    p.stage_at()
+    p.clock.now += HANDOVER + 1  # node-side memory: no other replica unstages here
+    # reported on arrival, whatever the answer, and once
+    assert p.call("ControllerExpandVolume", expand) == [("csi.call-order", "co", "volume_id")]
     assert p.call("ControllerExpandVolume", expand, code="FAILED_PRECONDITION") == [
         ("csi.call-order", "co", "volume_id")
     ]
-    assert "only OFFLINE" in p.messages()
+    assert "staged or published on this node" in p.messages()
+    p.call("NodeUnstageVolume", {"volume_id": "vol-1", "staging_target_path": "/s"})
+    assert p.ids("ControllerExpandVolume", expand) == set()
+
+
+def test_expansion_refused_as_out_of_range_below_a_confirmed_size():
+    p = Proxy()
+    p.create(volume={"capacity_bytes": 2 << 30})
+    small = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 1 << 30}}
+    flagged = {"csi.expand-already-large-refused"}
+    assert p.ids("ControllerExpandVolume", small, code="OUT_OF_RANGE") == flagged
+    assert "CreateVolume answered 2147483648 bytes" in p.messages()
+    big = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 4 << 30}}
+    assert p.ids("ControllerExpandVolume", big, code="OUT_OF_RANGE") == set()  # a real limit
+    assert p.ids("ControllerExpandVolume", small, code="NOT_FOUND") == set()  # gone meanwhile
+    p.ids("ControllerExpandVolume", big, {"capacity_bytes": 4 << 30})
+    assert p.ids("ControllerExpandVolume", big, code="OUT_OF_RANGE") == flagged
+    # the node side: only what NodeExpandVolume confirmed (a file system grows after its device)
+    node = {
+        "volume_id": "vol-1",
+        "volume_path": "/t",
+        "capacity_range": {"required_bytes": 4 << 30},
+    }
+    p.stage_at()
+    assert p.ids("NodeExpandVolume", node, code="OUT_OF_RANGE") == set()
+    p.ids("NodeExpandVolume", node, {"capacity_bytes": 4 << 30})
+    assert p.ids("NodeExpandVolume", node, code="OUT_OF_RANGE") == flagged
+    p.call("DeleteVolume", {"volume_id": "vol-1"}, {})
+    assert p.ids("ControllerExpandVolume", small, code="OUT_OF_RANGE") == set()
 
 
 def test_online_expansion_must_not_refuse_a_published_volume():
@@ -696,7 +809,8 @@ def test_group_snapshot_secrets_should_stay_the_same():
     assert p.ids("DeleteVolumeGroupSnapshot", {**get, "secrets": {"k": "b"}}) == {
         "csi.secrets-changed"
     }
-    assert p.ids("GetVolumeGroupSnapshot", {**get, "secrets": {"k": "b"}}) == set()  # deleted
+    again = {**get, "secrets": {"k": "b"}}
+    assert p.ids("GetVolumeGroupSnapshot", again, code="NOT_FOUND") == set()  # deleted
 
 
 # -- listings ----------------------------------------------------------------------------------
@@ -1031,3 +1145,100 @@ async def test_csi_v0_node_side_through_a_real_proxy(tmp_path):
         await client.close()
         await proxy.stop(0)
         await handle.stop(0)
+
+
+# -- one topology key prefix across the plugin's answers ----------------------------------------
+
+
+def test_topology_keys_share_one_prefix_across_rpcs():
+    for spec in ("csi.v1", "csi.v0"):
+        p = Proxy(spec, caps={})
+        zone = {"segments": {"example.com/zone": "z1", "rack": "r1"}}  # no prefix: not compared
+        assert p.call("NodeGetInfo", {}, {"node_id": "n", "accessible_topology": zone}) == []
+        assert p.create(volume={"accessible_topology": [zone]}) == set()
+        # Kubernetes' own well-known keys beside the plugin's are not another prefix (EBS)
+        k8s = {"segments": {"topology.kubernetes.io/zone": "z1", "kubernetes.io/hostname": "h"}}
+        assert p.create("vol-3", name="pvc-3", volume={"accessible_topology": [k8s]}) == set()
+        other = {"segments": {"other.org/zone": "z1"}}
+        assert p.create("vol-2", name="pvc-2", volume={"accessible_topology": [other]}) == {
+            "csi.topology-prefix-inconsistent"
+        }, spec
+        assert "CreateVolume returned" in p.messages() and "example" not in p.messages()
+        # within one answer, too
+        both = {"segments": {"example.com/zone": "z1", "other.org/rack": "r"}}
+        assert p.call("NodeGetInfo", {}, {"node_id": "n", "accessible_topology": both}) != []
+
+
+# -- group operations name their own group's snapshots ----------------------------------------
+
+
+def test_group_operations_name_only_their_own_snapshots():
+    p = Proxy()
+
+    def made(gid: str, *sids: str) -> None:
+        members = [
+            {"snapshot_id": s, "group_snapshot_id": gid, "source_volume_id": "v"} for s in sids
+        ]
+        answer = {"group_snapshot": {"group_snapshot_id": gid, "snapshots": members}}
+        p.ids("CreateVolumeGroupSnapshot", {"name": gid, "source_volume_ids": ["v"]}, answer)
+
+    made("g-1", "s-1", "s-2")
+    made("g-2", "s-3")
+    p.ids("CreateSnapshot", {"name": "alone", "source_volume_id": "v"}, snapshot_of("s-9", "v"))
+    mine = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-2"]}
+    assert p.ids("GetVolumeGroupSnapshot", mine, {}) == set()
+    theirs = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-3"]}
+    assert p.call("GetVolumeGroupSnapshot", theirs, {}) == [
+        ("csi.group-id-mismatch", "co", "snapshot_ids[1]")
+    ]
+    alone = {"group_snapshot_id": "g-2", "snapshot_ids": ["s-9"]}
+    assert p.ids("DeleteVolumeGroupSnapshot", alone, {}) == {"csi.group-id-mismatch"}
+    assert "independent" in p.messages() and "s-9" not in p.messages()
+    # unknown snapshots are not judged
+    unknown = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-2", "s-7"]}
+    assert p.ids("DeleteVolumeGroupSnapshot", unknown, {}) == set()
+
+
+# -- a snapshot outlives its volume: listed and usable as a source -----------------------------
+
+
+def test_a_snapshot_seen_moments_ago_is_listed_and_usable():
+    for spec, sid_field in (("csi.v1", "snapshot_id"), ("csi.v0", "id")):
+        p = Proxy(spec, caps={})
+        made = {"snapshot": {sid_field: "s-1", "source_volume_id": "vol-1"}}
+        p.ids("CreateSnapshot", {"name": "snap-1", "source_volume_id": "vol-1"}, made)
+        p.call("DeleteVolume", {"volume_id": "vol-1"}, {})  # the snapshot outlives it
+        by_id = {"snapshot_id": "s-1"}
+        assert p.ids("ListSnapshots", by_id, {}) == {"csi.snapshot-missing"}, spec
+        assert "CreateSnapshot reported" in p.messages() and "s-1" not in p.messages()
+        listed = {"entries": [{"snapshot": made["snapshot"]}]}
+        assert p.ids("ListSnapshots", by_id, listed) == set()
+        source = {"snapshot": {sid_field: "s-1"}}
+        restore = {"name": "pvc-2", "volume_capabilities": [RWO], "volume_content_source": source}
+        assert p.ids("CreateVolume", restore, code="NOT_FOUND") == {"csi.snapshot-missing"}
+        # other filters, or another snapshot: not judged
+        assert p.ids("ListSnapshots", {**by_id, "source_volume_id": "vol-9"}, {}) == set()
+        assert p.ids("ListSnapshots", {"snapshot_id": "s-unknown"}, {}) == set()
+        # past a lease another replica may have deleted it; a delete sent here ends it too
+        p.clock.now += HANDOVER + 1
+        assert p.ids("ListSnapshots", by_id, {}) == set()
+        p.ids("ListSnapshots", by_id, listed)
+        p.call("DeleteSnapshot", {"snapshot_id": "s-1"}, {})
+        assert p.ids("CreateVolume", restore, code="NOT_FOUND") == set()
+
+
+def test_a_deleted_group_snapshot_should_not_be_answered():
+    p = Proxy()
+    group = {"group_snapshot": {"group_snapshot_id": "g-1", "ready_to_use": True}}
+    p.ids("CreateVolumeGroupSnapshot", {"name": "g", "source_volume_ids": ["v"]}, group)
+    get = {"group_snapshot_id": "g-1"}
+    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()
+    p.ids("DeleteVolumeGroupSnapshot", get, {})
+    assert p.ids("GetVolumeGroupSnapshot", get, group) == {"csi.deleted-group-answered"}
+    assert p.ids("GetVolumeGroupSnapshot", get, code="NOT_FOUND") == set()  # the answer due
+    # created again under the same id (ids derived from names), or after a lease: not judged
+    p.ids("CreateVolumeGroupSnapshot", {"name": "g", "source_volume_ids": ["v"]}, group)
+    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()
+    p.ids("DeleteVolumeGroupSnapshot", get, {})
+    p.clock.now += HANDOVER + 1
+    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()

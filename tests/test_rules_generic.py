@@ -5,6 +5,7 @@ rule: a planted violation from the party it judges, and the legitimate counterpa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import io
@@ -23,7 +24,7 @@ from plugproxy.rules.state import SpecState
 from plugproxy.stages import validate
 from plugproxy.stages.validate import GenericMemory, ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
-from tests.support import channel, start_proxy
+from tests.support import channel, start_proxy, wait_until
 from tests.test_relay_conformance import (
     OK_HEADERS,
     FakePlugin,
@@ -83,6 +84,13 @@ class Driver:
     ) -> list[tuple[str, str]]:
         """One call answered with ``code`` (and ``response``); (rule suffix, party) found.
         ``raw``: the request's bytes as sent, instead of ``request`` serialized."""
+        call = await self.begin(spec, rpc, request, raw=raw, **fields)
+        return self.end(call, code=code, details=details, response=response, raw_status=raw_status)
+
+    async def begin(
+        self, spec: str, rpc: str, request: Any = None, *, raw: bytes | None = None, **fields: Any
+    ) -> Call:
+        """A call received and judged, not answered yet: it is in flight until ``end``."""
         method = self.registry.lookup(self.paths[(spec, rpc)])
         assert method.request_class is not None and method.response_class is not None
         if request is None:
@@ -98,6 +106,21 @@ class Driver:
                 await pending
         except Reject as rej:
             call.code, call.details, call.rejected = rej.code, rej.message, True
+        self.last = call
+        return call
+
+    def end(
+        self,
+        call: Call,
+        *,
+        code: grpc.StatusCode = OK,
+        details: str = "plugin says no",
+        response: Any = None,
+        raw_status: str | None = None,
+    ) -> list[tuple[str, str]]:
+        """The plugin's answer to a call ``begin`` started; (rule suffix, party) found."""
+        method = call.method
+        assert method.response_class is not None
         if not call.rejected:
             if code is OK:
                 reply = response if response is not None else method.response_class()
@@ -626,7 +649,8 @@ async def test_nothing_is_hashed_while_no_refusal_is_remembered(driver):
     request = v1("ControllerGetVolumeRequest", volume_id="v")
     await driver.call("csi.v1", "ControllerGetVolume", request)
     assert "validate.digest" not in driver.last.stage_state
-    await driver.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.NOT_FOUND)
+    # neither a fix-first nor a back-off row's code
+    await driver.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.INTERNAL)
     assert "validate.digest" not in driver.last.stage_state
 
 
@@ -650,6 +674,221 @@ async def test_a_real_co_retrying_a_refused_request(tmp_path):
             (e["rule"], e["party"], e["count"]) for e in stage_of(proxy).report.snapshot()
         }
     assert ("csi.retry-without-change", "co", 1) in found_rules
+
+
+# == retry-while-pending ========================================================================
+
+ABORTED = grpc.StatusCode.ABORTED
+
+
+async def test_a_retry_after_aborted_while_another_call_for_the_volume_is_in_flight(driver):
+    other = await driver.begin("csi.v1", "NodePublishVolume", publish_request(target=TARGET + "2"))
+    await driver.call("csi.v1", "NodePublishVolume", publish_request(), code=ABORTED)
+    got = await driver.call("csi.v1", "NodePublishVolume", publish_request())
+    assert ("retry-while-pending", "co") in got
+    (text,) = messages(driver.last, "retry-while-pending")
+    assert "1 other call(s) for the same volume" in text and "vol-1" not in text
+    assert generic(driver.end(other)) == []
+    # the legitimate retry: the plugin aborted, the caller waited for the other call
+    await driver.call("csi.v1", "NodePublishVolume", publish_request(), code=ABORTED)
+    assert ("retry-while-pending", "co") not in await driver.call(
+        "csi.v1", "NodePublishVolume", publish_request()
+    )
+    assert driver.stage._plans[driver.paths[("csi.v1", "NodePublishVolume")]].memory.in_flight == {}
+
+
+async def test_only_the_retry_of_the_aborted_call_for_the_same_object_is_judged(driver):
+    busy = await driver.begin("csi.v1", "NodeStageVolume", stage_request("vol-2"))
+    await driver.call("csi.v1", "NodePublishVolume", publish_request(), code=ABORTED)
+    # another volume is busy, not this one
+    assert generic(await driver.call("csi.v1", "NodePublishVolume", publish_request())) == []
+    await driver.call("csi.v1", "NodePublishVolume", publish_request("vol-2"), code=ABORTED)
+    # another RPC for the busy volume is not a retry of the aborted one
+    unpublish = v1("NodeUnpublishVolumeRequest", volume_id="vol-2", target_path=TARGET)
+    assert generic(await driver.call("csi.v1", "NodeUnpublishVolume", unpublish)) == []
+    # the retry comes while the stage is still in flight
+    got = await driver.call("csi.v1", "NodePublishVolume", publish_request("vol-2"))
+    assert ("retry-while-pending", "co") in got
+    # only the next call after ABORTED is the retry
+    got = await driver.call("csi.v1", "NodePublishVolume", publish_request("vol-2"))
+    assert ("retry-while-pending", "co") not in got
+    driver.end(busy)
+
+
+async def test_retry_while_pending_in_csi_v0_cosi_and_cmi():
+    d = Driver()
+    cases = [
+        ("csi.v0", "NodeStageVolume", {"volume_id": "v", "staging_target_path": STAGE}),
+        ("cosi.v1alpha1", "DriverCreateBucket", {"name": "bucket-a"}),
+        ("cmi.v1", "CreateMachine", {"MachineName": "m-1", "ProviderSpec": b"{}"}),
+    ]
+    for spec, rpc, fields in cases:
+        busy = await d.begin(spec, rpc, **fields)
+        await d.call(spec, rpc, code=ABORTED, **fields)
+        assert ("retry-while-pending", "co") in await d.call(spec, rpc, **fields), spec
+        d.end(busy)
+        await d.call(spec, rpc, code=ABORTED, **fields)
+        assert ("retry-while-pending", "co") not in await d.call(spec, rpc, **fields), spec
+    # csi.v0's ValidateVolumeCapabilities has no "operation pending" row
+    fields = {"volume_id": "v", "volume_capabilities": [{"mount": {}}]}
+    busy = await d.begin("csi.v0", "ValidateVolumeCapabilities", **fields)
+    await d.call("csi.v0", "ValidateVolumeCapabilities", code=ABORTED, **fields)
+    got = await d.call("csi.v0", "ValidateVolumeCapabilities", **fields)
+    assert ("retry-while-pending", "co") not in got
+    d.end(busy)
+
+
+async def test_a_real_co_retrying_while_its_other_call_waits_for_the_volume(tmp_path):
+    """Through the real proxy: the first call holds the volume (the plugin is slow), the
+    second is answered ABORTED by the plugin, and retried while the first still runs."""
+    knobs = FakeKnobs(
+        delays={"ValidateVolumeCapabilities": 0.5},
+        failures={"ControllerGetVolume": FailureRule(ABORTED, remaining=1)},
+    )
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (client, proxy):
+        cap = client.new("VolumeCapability", mount={}, access_mode={"mode": "SINGLE_NODE_WRITER"})
+        created = await client.call("CreateVolume", name="pvc-1", volume_capabilities=[cap])
+        volume = created.volume.volume_id
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.call("ControllerGetVolume", volume_id=volume)
+        slow = asyncio.ensure_future(
+            client.call("ValidateVolumeCapabilities", volume_id=volume, volume_capabilities=[cap])
+        )
+        memory = stage_of(proxy)._plans["/csi.v1.Controller/ControllerGetVolume"].memory
+        await wait_until(lambda: bool(memory.in_flight))  # the slow call reached the proxy
+        await client.call("ControllerGetVolume", volume_id=volume)
+        await slow
+        found_rules = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
+    assert ("csi.retry-while-pending", "co") in found_rules
+
+
+# == retry-without-backoff ======================================================================
+
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+
+
+async def resend(d: Driver, clock: Clock, waits: list[float], *args: Any, **kw: Any) -> list[Any]:
+    """The same request sent once, then again after each wait; every answer ``kw["code"]``."""
+    found_per_send = [await d.call(*args, **kw)]
+    for wait in waits:
+        clock.now += wait
+        found_per_send.append(await d.call(*args, **kw))
+    return found_per_send
+
+
+async def test_identical_retries_at_a_constant_short_pace_do_not_back_off(clocked):
+    d, clock = clocked
+    sends = await resend(
+        d, clock, [1.0, 1.0, 1.0], "csi.v1", "NodeStageVolume", stage_request(), code=NOT_FOUND
+    )
+    assert [("retry-without-backoff", "co") in got for got in sends] == [False] * 3 + [True]
+    (text,) = messages(d.last, "retry-without-backoff")
+    assert "1.0s, 1.0s, 1.0s" in text and "NOT_FOUND" in text
+    # ABORTED (the Error Scheme's row) for every RPC, in a shrinking series too
+    sends = await resend(
+        d,
+        clock,
+        [3.0, 2.0, 1.0],
+        "csi.v1",
+        "ControllerPublishVolume",
+        volume_id="v",
+        node_id="n",
+        volume_capability=mount(),
+        code=ABORTED,
+    )
+    assert ("retry-without-backoff", "co") in sends[-1]
+
+
+async def test_real_backoffs_and_other_answers_are_not_judged(clocked):
+    d, clock = clocked
+    stage = stage_request()
+    # kubelet: 0.5 s doubling; the CSI sidecars: 1 s doubling, then their 5 min cap
+    for waits in ([0.5, 1.0, 2.0, 4.0, 8.0], [1.0, 2.0, 4.0, 8.0], [300.0] * 4, [10.0] * 4):
+        sends = await resend(d, clock, waits, "csi.v1", "NodeStageVolume", stage, code=NOT_FOUND)
+        assert not any(("retry-without-backoff", "co") in got for got in sends), waits
+        await d.call("csi.v1", "NodeStageVolume", stage)  # OK: the series ends
+    # a code whose row does not say back off; a listing's ABORTED asks for a restart
+    for args, kw in (
+        (("csi.v1", "NodeStageVolume", stage), {"code": grpc.StatusCode.INTERNAL}),
+        (("csi.v1", "ListVolumes"), {"code": ABORTED, "starting_token": "t"}),
+    ):
+        sends = await resend(d, clock, [1.0] * 4, *args, **kw)
+        assert not any(("retry-without-backoff", "co") in got for got in sends)
+    # another answer in between starts a new series
+    await d.call("csi.v1", "NodeStageVolume", stage, code=NOT_FOUND)
+    for answer in (NOT_FOUND, OK, NOT_FOUND, NOT_FOUND, NOT_FOUND):
+        clock.now += 1.0
+        got = await d.call("csi.v1", "NodeStageVolume", stage, code=answer)
+        assert ("retry-without-backoff", "co") not in got
+
+
+async def test_retry_without_backoff_in_csi_v0_and_cosi_not_cmi(clocked):
+    d, clock = clocked
+    cases = [
+        ("csi.v0", "NodeStageVolume", {"volume_id": "v", "staging_target_path": STAGE}, True),
+        ("cosi.v1alpha1", "DriverCreateBucket", {"name": "bucket-a"}, True),
+        # CMI's row: "retry with after configured back off configuration" (any strategy)
+        ("cmi.v1", "CreateMachine", {"MachineName": "m-1", "ProviderSpec": b"{}"}, False),
+    ]
+    for spec, rpc, fields, judged in cases:
+        sends = await resend(d, clock, [1.0] * 3, spec, rpc, code=ABORTED, **fields)
+        assert (("retry-without-backoff", "co") in sends[-1]) is judged, spec
+
+
+def test_backoff_and_pending_memory_is_bounded():
+    mem = GenericMemory(SpecState(max_volumes=3))
+    for i in range(10):
+        mem.aborted[("NodeStageVolume", f"volume:{i}")] = 0.0
+        mem.backoff[("NodeStageVolume", bytes([i]))] = validate.BackoffSeries("ABORTED", 0.0, [])
+    assert len(mem.aborted) == 3 and len(mem.backoff) == 3
+
+
+# == csi.v0 node-get-id-deprecated ===============================================================
+
+
+async def test_node_get_id_while_the_plugin_serves_node_get_info(clocked):
+    d, clock = clocked
+    flagged = ("node-get-id-deprecated", "co")
+    # a plugin not known to serve NodeGetInfo: the CO may fall back to NodeGetId
+    assert flagged not in await d.call(
+        "csi.v0", "NodeGetId", response=v0("NodeGetIdResponse", node_id="n")
+    )
+    await d.call("csi.v0", "NodeGetInfo", code=grpc.StatusCode.UNIMPLEMENTED)
+    assert flagged not in await d.call("csi.v0", "NodeGetId")
+    await d.call("csi.v0", "NodeGetInfo", response=v0("NodeGetInfoResponse", node_id="n"))
+    clock.now += 5
+    assert flagged in await d.call("csi.v0", "NodeGetId")
+    assert "5s ago" in messages(d.last, "node-get-id-deprecated")[0]
+    clock.now += 301  # past the capability lifetime: the plugin may have been replaced
+    assert flagged not in await d.call("csi.v0", "NodeGetId")
+
+
+# == group-without-get-snapshot (CSI v1 §GetSnapshot) ===========================================
+
+
+def rpc_caps(response: str, *names: str) -> Any:
+    return v1(response, capabilities=[{"rpc": {"type": n}} for n in names])
+
+
+async def test_a_group_snapshot_plugin_should_offer_get_snapshot():
+    d = Driver()
+    flagged = ("group-without-get-snapshot", "plugin")
+    group = rpc_caps(
+        "GroupControllerGetCapabilitiesResponse", "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT"
+    )
+    # the controller capabilities are not known yet: not judged
+    assert flagged not in await d.call("csi.v1", "GroupControllerGetCapabilities", response=group)
+    without = rpc_caps("ControllerGetCapabilitiesResponse", "CREATE_DELETE_SNAPSHOT")
+    assert flagged in await d.call("csi.v1", "ControllerGetCapabilities", response=without)
+    assert flagged in await d.call("csi.v1", "GroupControllerGetCapabilities", response=group)
+    with_get = rpc_caps(
+        "ControllerGetCapabilitiesResponse", "CREATE_DELETE_SNAPSHOT", "GET_SNAPSHOT"
+    )
+    assert flagged not in await d.call("csi.v1", "ControllerGetCapabilities", response=with_get)
+    assert flagged not in await d.call("csi.v1", "GroupControllerGetCapabilities", response=group)
+    # an empty controller set (an instance not serving the controller) is not judged
+    empty = rpc_caps("ControllerGetCapabilitiesResponse")
+    assert flagged not in await d.call("csi.v1", "ControllerGetCapabilities", response=empty)
 
 
 # == not-idempotent ============================================================================

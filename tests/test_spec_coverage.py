@@ -28,7 +28,7 @@ SPECS = sorted(statements.SPEC_TEXTS)
 
 # The share of checkable statements whose rules catch all a proxy can see of them, as
 # reached; the goal is 95 % for every spec. These floors only ever rise.
-FULL_FLOOR = {"csi_v1": 0.72, "csi_v0": 0.72, "cosi_v1alpha1": 0.88, "cmi_v1": 0.95}
+FULL_FLOOR = {"csi_v1": 0.77, "csi_v0": 0.79, "cosi_v1alpha1": 0.97, "cmi_v1": 0.97}
 
 SAMPLE = """# Title
 

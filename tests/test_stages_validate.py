@@ -871,9 +871,12 @@ async def test_enforce_rejects_bad_requirements_and_only_reports_topology_format
         "CreateVolume",
         "accessibility_requirements.requisite[0].segments[value 0]",
     ) in violations
+    # EBS's answer has its own prefix besides Kubernetes' well-known key: not flagged; the
+    # node's key has another prefix than that answer's: flagged (reported only).
     plugin_side = [v for v in violations if v[1] == "plugin"]
     assert sorted(plugin_side) == [
         ("csi.topology-key-format", "plugin", "NodeGetInfo", "accessible_topology.segments[key 0]"),
+        ("csi.topology-prefix-inconsistent", "plugin", "NodeGetInfo", "accessible_topology"),
         (
             "csi.topology-value-format",
             "plugin",

@@ -28,7 +28,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from plugproxy.rules import TABLES  # noqa: E402
 
-SPECS = ROOT.parent / "shared" / "specs"
+# The spec texts sit in shared/specs beside the checkout, or beside one of its parents.
+SPECS = next(
+    (d / "shared" / "specs" for d in ROOT.parents if (d / "shared" / "specs").is_dir()),
+    ROOT.parent / "shared" / "specs",
+)
 MATRIX_DIR = ROOT / "spec-coverage"
 
 # spec name -> (title, spec text relative to SPECS)

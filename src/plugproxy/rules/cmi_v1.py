@@ -38,7 +38,7 @@ from plugproxy.rules.engine import (
     StateChange,
     Violation,
 )
-from plugproxy.rules.memory import ago, parts_digest
+from plugproxy.rules.memory import ago, message_digest, parts_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -182,6 +182,19 @@ RULES = (
         " GetMachineStatus' answer replaces the ids remembered.",
     ),
     Rule(
+        "cmi.volume-ids-changed",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §GetVolumeIDs",
+        "An identical repeat of a successful GetVolumeIDs within 10 minutes answers other"
+        " VolumeIDs.",
+        reject_code=None,
+        note='"This operation MUST be idempotent": the ids are read from the PV specs the'
+        " request carries, so the same specs give the same ids. Compared as digests with the"
+        " last answer to the same request; older answers are not compared (the plugin may"
+        " have been upgraded).",
+    ),
+    Rule(
         "cmi.delete-not-idempotent",
         MUST,
         (PLUGIN,),
@@ -212,6 +225,7 @@ RULES = (
         "CMI adds OUT_OF_RANGE for CreateMachine (the ProviderSpec asked for resources"
         " outside the valid range a moment ago valid); not ALREADY_EXISTS, as a VM can be"
         " changed at the provider.",
+        backoff=False,  # §Error Scheme: "after configured back off", any strategy
     ),
 )
 
@@ -259,6 +273,7 @@ def _required_capabilities(
 
 # -- family K: machines and capabilities ------------------------------------------------------
 
+VOLUME_IDS_TTL = 600.0  # GetVolumeIDs answers compared this long (a plugin may be upgraded)
 _PENDING_MAX = 8  # distinct capability answers kept between two GetPluginInfo answers
 
 
@@ -284,6 +299,10 @@ class MachineMemory:
         # MachineName -> the VM ids last answered for it (CreateMachine, GetMachineStatus)
         self.machines: TTLCache[str, _Machine] = TTLCache(
             st.max_volumes, st.lifecycle_ttl, st.clock
+        )
+        # GetVolumeIDs request digest -> (digest of its VolumeIDs answer, when)
+        self.volume_ids: TTLCache[bytes, tuple[bytes, float]] = TTLCache(
+            st.max_volumes, VOLUME_IDS_TTL, st.clock
         )
         # the last GetPluginInfo answer: (digest of name and version, when)
         self.info: tuple[bytes, float] | None = None
@@ -327,6 +346,24 @@ def _machine_ids(
     if call.method.name == "GetMachineStatus" and prev is not None:
         spec = prev.spec  # a status names the VM; the ProviderSpec of its create still holds
     mem.machines[req.MachineName] = _Machine(spec, provider_id, node_name, now, call.method.name)
+
+
+def _volume_ids(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    mem = st.part(MachineMemory)
+    key = message_digest(req)
+    answer = parts_digest(*(v.encode() for v in resp.VolumeIDs))
+    now = st.clock()
+    prev = mem.volume_ids.get(key)
+    if prev is not None and prev[0] != answer:
+        yield Violation(
+            cs.rule("volume-ids-changed"),
+            "VolumeIDs",
+            f"GetVolumeIDs repeated with the same PVSpecList answered other VolumeIDs"
+            f" ({len(resp.VolumeIDs)} entries) than it did {ago(now - prev[1])}",
+        )
+    mem.volume_ids[key] = (answer, now)
 
 
 def _forget_machine(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
@@ -465,6 +502,7 @@ TABLE = SpecTable(
         "GetPluginInfo": (_plugin_info,),
         "CreateMachine": (_machine_ids,),
         "GetMachineStatus": (_machine_ids,),
+        "GetVolumeIDs": (_volume_ids,),
     },
     request_checks={
         "CreateMachine": (_secret_values,),

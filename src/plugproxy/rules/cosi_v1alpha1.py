@@ -32,7 +32,7 @@ from plugproxy.rules.engine import (
     StateChange,
     Violation,
 )
-from plugproxy.rules.memory import ago, map_digest
+from plugproxy.rules.memory import HANDOVER, ago, map_digest, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -125,18 +125,34 @@ RULES = (
         "DriverCreateBucket succeeds without the bucket_id every later call REQUIRES.",
     ),
     Rule(
+        "cosi.grant-account-changed",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §RPC Interface",
+        "DriverGrantBucketAccess for a bucket and account name answered another account_id"
+        " than a grant of the same name for that bucket did within the last 15 s, with no"
+        " DriverRevokeBucketAccess of it sent since.",
+        reject_code=None,
+        note='Provisioner service: "The account_name in the request shall be used as a'
+        ' unique identifier to create credentials" (lower case): one name, one account.'
+        f" Judged only within a leader-election lease ({HANDOVER:.0f} s): later another"
+        " replica may have revoked the account and granted a new one. Compared per bucket.",
+    ),
+    Rule(
         "cosi.create-not-idempotent",
         MUST,
         (PLUGIN,),
         f"{TITLE} §DriverCreateBucket",
         "A repeated DriverCreateBucket with the same name and parameters returns another"
-        " bucket_id.",
+        " bucket_id or bucket_info.",
         reject_code=None,
         note='§DriverCreateBucket: "This operation MUST be idempotent" and the Provisioner'
         ' service comment: a bucket matching name and parameters gets OK "with the'
         ' corresponding DriverCreateBucketResponse". Judged against the last successful'
-        " create of that name this proxy saw within the hour, forgotten once a"
-        " DriverDeleteBucket of its bucket_id is sent.",
+        f" create of that name this proxy saw within {HANDOVER:.0f} s (a leader-election"
+        " lease: no other replica can have deleted and re-created the bucket meanwhile),"
+        " forgotten once a DriverDeleteBucket of its bucket_id is sent. bucket_info is"
+        " compared as a digest.",
     ),
     Rule(
         "cosi.create-conflict-accepted",
@@ -238,6 +254,7 @@ class _Created:
     parameters: bytes  # digest of the request's parameters
     bucket_id: str
     when: float
+    info: bytes = b""  # digest of the answer's bucket_info
 
 
 @dataclass(slots=True)
@@ -256,6 +273,13 @@ class BucketMemory:
         self.created: TTLCache[str, _Created] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
         # bucket_id -> seen existing or deleted
         self.seen: TTLCache[str, _Seen] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
+        # (bucket_id, account name) -> (account_id, when) of its last successful grant, and
+        # (bucket_id, account_id) -> account name; for a lease only (another replica may
+        # revoke and grant again).
+        self.grants: TTLCache[tuple[str, str], tuple[str, float]] = TTLCache(
+            st.max_volumes, HANDOVER, st.clock
+        )
+        self.accounts: TTLCache[tuple[str, str], str] = TTLCache(st.max_volumes, HANDOVER, st.clock)
         self.clock = st.clock
 
 
@@ -278,15 +302,56 @@ def _create_idempotent(
             " the same name with different parameters MUST get ALREADY_EXISTS",
         )
         return  # the bucket stays the one created first
-    if prev is not None and prev.bucket_id != bucket_id:
-        yield Violation(
-            cs.rule("create-not-idempotent"),
-            "bucket_id",
-            "DriverCreateBucket repeated with the same name and parameters returned another"
-            f" bucket_id than it returned {ago(now - prev.when)}",
-        )
-    mem.created[name] = _Created(params, bucket_id, now)
+    info = message_digest(resp.bucket_info)
+    if prev is not None and now - prev.when <= HANDOVER:
+        differ = [
+            field
+            for field, same in (
+                ("bucket_id", prev.bucket_id == bucket_id),
+                ("bucket_info", prev.info == info),
+            )
+            if not same
+        ]
+        if differ:
+            yield Violation(
+                cs.rule("create-not-idempotent"),
+                differ[0],
+                "DriverCreateBucket repeated with the same name and parameters returned another"
+                f" {' and '.join(differ)} than it returned {ago(now - prev.when)}",
+            )
+    mem.created[name] = _Created(params, bucket_id, now, info)
     mem.seen[bucket_id] = _Seen(name, False, now)
+
+
+def _granted(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    if not req.bucket_id or not req.name or not resp.account_id:
+        return
+    mem = st.part(BucketMemory)
+    now = mem.clock()
+    key = (req.bucket_id, req.name)
+    prev = mem.grants.get(key)
+    if prev is not None and prev[0] != resp.account_id:
+        yield Violation(
+            cs.rule("grant-account-changed"),
+            "account_id",
+            "DriverGrantBucketAccess for the same bucket and account name returned another"
+            f" account_id than it did {ago(now - prev[1])}, and no revoke of that one was sent"
+            " since; the name identifies the account's credentials",
+        )
+        mem.accounts.pop((req.bucket_id, prev[0]), None)
+    mem.grants[key] = (resp.account_id, now)
+    mem.accounts[(req.bucket_id, resp.account_id)] = req.name
+
+
+def _revoke_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    # Once a revoke is on its way, a later grant of the name may make a new account.
+    mem = st.part(BucketMemory)
+    name = mem.accounts.pop((req.bucket_id, req.account_id), None)
+    if name is not None:
+        mem.grants.pop((req.bucket_id, name), None)
+    return ()
 
 
 def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
@@ -373,11 +438,18 @@ TABLE = SpecTable(
             "account_id",
         ),
     },
-    response_checks={"DriverCreateBucket": (_bucket_id, _create_idempotent)},
-    request_checks={"DriverDeleteBucket": (_delete_sent,)},
+    response_checks={
+        "DriverCreateBucket": (_bucket_id, _create_idempotent),
+        "DriverGrantBucketAccess": (_granted,),
+    },
+    request_checks={
+        "DriverDeleteBucket": (_delete_sent,),
+        "DriverRevokeBucketAccess": (_revoke_sent,),
+    },
     on_success={"DriverDeleteBucket": (_deleted,)},
     on_error={"DriverDeleteBucket": (_delete_error,)},
     fix_first=FIX_FIRST,
     fix_first_rpc=FIX_FIRST_RPC,
+    backoff=frozenset({"ABORTED"}),  # §Error Scheme: "retry with exponential back off"
     state_changes=STATE_CHANGES,
 )

@@ -163,8 +163,38 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " service's capabilities (an instance not serving it may answer so), except"
                 " that a plugin without CONTROLLER_SERVICE has no controller capability.",
             ),
+            Rule(
+                "csi.group-without-get-snapshot",
+                SHOULD,
+                (PLUGIN,),
+                f"{title} §GetSnapshot",
+                "The plugin advertises CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT but not the"
+                " controller's GET_SNAPSHOT: it SHOULD implement GetSnapshot, which the CO calls"
+                " only when advertised, to retrieve a group's snapshots one by one.",
+                reject_code=None,
+                note="Judged on each ControllerGetCapabilities or GroupControllerGetCapabilities"
+                " answer, with the other kind as last seen; an empty controller set is not"
+                " judged (an instance not serving the controller may answer so).",
+            ),
         ]
     return tuple(rules)
+
+
+def _group_get_snapshot(cs: CompiledSpec, st: SpecState, rpc: str) -> Iterable[Violation]:
+    group = st.known_capabilities("group")
+    controller = st.known_capabilities("controller")
+    if (
+        group is not None
+        and "CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT" in group
+        and controller
+        and "GET_SNAPSHOT" not in controller
+    ):
+        yield Violation(
+            cs.rule("group-without-get-snapshot"),
+            "capabilities",
+            f"{rpc} answered: CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT is advertised but the"
+            " controller capabilities lack GET_SNAPSHOT",
+        )
 
 
 class CapabilityMemory:
@@ -380,6 +410,12 @@ class _Checks:
                 " PUBLISH_UNPUBLISH_VOLUME, which it requires",
             )
         yield from _expansion(cs, st)
+        yield from _group_get_snapshot(cs, st, "ControllerGetCapabilities")
+
+    def group_capabilities_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        return _group_get_snapshot(cs, st, "GroupControllerGetCapabilities")
 
     def node_capabilities_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
@@ -605,6 +641,7 @@ def hooks(title: str, v1: bool) -> Hooks:
             "NodeGetCapabilities": (c.node_capabilities_response,),
             "ControllerGetVolume": (c.controller_get_volume_response,),
             "NodeGetVolumeStats": (c.node_volume_stats_response,),
+            "GroupControllerGetCapabilities": (c.group_capabilities_response,),
         }
         needs |= {
             "ControllerPublishVolume": ("controller",),

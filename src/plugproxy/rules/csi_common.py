@@ -21,7 +21,7 @@ from plugproxy.rules.engine import (
     Violation,
     list_length,
 )
-from plugproxy.rules.memory import message_digest
+from plugproxy.rules.memory import HANDOVER, ago, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -309,7 +309,13 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             MUST,
             (PLUGIN,),
             f"{title} §CreateVolume",
-            "A repeated CreateVolume with the same name and arguments returns another volume id.",
+            "A repeated CreateVolume or CreateSnapshot"
+            + (" or CreateVolumeGroupSnapshot" if v1 else "")
+            + " with the same name and arguments returns another id.",
+            reject_code=None,
+            note=f"Judged only within {HANDOVER:.0f} s of the earlier answer (a leader-election"
+            " lease: no other HA replica can have deleted the object and created it anew"
+            " meanwhile) and while no delete of the id was seen since.",
         ),
         Rule(
             "csi.size-limit-recommended",
@@ -378,11 +384,14 @@ CSI_REPEAT_NOTE = (
 )
 
 
-def generic_rules(family: str, title: str, caller: str, repeat_note: str = "") -> list[Rule]:
+def generic_rules(
+    family: str, title: str, caller: str, repeat_note: str = "", backoff: bool = True
+) -> list[Rule]:
     """The rules every spec shares (the validate stage judges them), for ``family``;
     ``caller`` names the client in summaries (CO, COSI system, CMI-Client), ``repeat_note``
-    says what the family's table adds to not-idempotent."""
-    return [
+    says what the family's table adds to not-idempotent; ``backoff``: whether the spec's
+    recovery rows ask for exponential back off (retry-without-backoff)."""
+    rules = [
         Rule(
             f"{family}.status-code-not-canonical",
             MUST,
@@ -422,6 +431,41 @@ def generic_rules(family: str, title: str, caller: str, repeat_note: str = "") -
             " queries) are not judged: independent callers send the same bytes.",
         ),
         Rule(
+            f"{family}.retry-while-pending",
+            SHOULD,
+            (CO,),
+            f"{title} §Error Scheme",
+            f"After the plugin answered ABORTED (an operation pending for the object), the"
+            f" {caller} retried the call for that object while another call for it was still"
+            " in flight at the proxy.",
+            reject_code=None,
+            note="The retry is the next call of the same RPC naming the object the ABORTED"
+            " call was about (its volume, snapshot, bucket or machine; a CreateVolume's name)"
+            " within 10 minutes; in flight means received by the proxy and not yet answered,"
+            " queued by the serialize stage included. Calls through another replica are not"
+            " seen and never count.",
+        ),
+        Rule(
+            f"{family}.retry-without-backoff",
+            SHOULD,
+            (CO,),
+            f"{title} §Error Scheme",
+            f"The {caller} re-sent an identical request at least three times after answers"
+            " whose recovery says to retry with exponential back off, and the waits did not"
+            " grow.",
+            reject_code=None,
+            note="A wait is the time from an answer to the next identical request. Judged"
+            " when three waits in a row are each under 10 s and none is more than 5 % longer"
+            " than the one before; every answer in the series is a back-off row's. Real COs"
+            " never trip it: kubelet waits 0.5 s and doubles up to about 2 min, the"
+            " Kubernetes CSI sidecars wait 1 s and double up to 5 min, and a backoff held at"
+            " a cap of 10 s or more is not judged.",
+        ),
+    ]
+    if not backoff:
+        rules.pop()
+    rules += [
+        Rule(
             f"{family}.not-idempotent",
             MUST,
             (PLUGIN,),
@@ -435,6 +479,7 @@ def generic_rules(family: str, title: str, caller: str, repeat_note: str = "") -
             " permission codes are never judged." + (" " + repeat_note if repeat_note else ""),
         ),
     ]
+    return rules
 
 
 def staging_path_missing(st: SpecState, req: Any) -> bool:
@@ -683,14 +728,21 @@ class CsiChecks:
         if req.name and vid:
             digest = message_digest(req)
             prev = st.creates.get(req.name)
-            if prev is not None and prev[0] == digest and prev[1] != vid:
+            now = st.clock()
+            if (
+                prev is not None
+                and prev[0] == digest
+                and prev[1] != vid
+                and now - prev[2] <= HANDOVER
+            ):
                 yield Violation(
                     cs.rule("create-not-idempotent"),
                     f"volume.{self.volume_id}",
                     f"CreateVolume repeated with the same name and arguments returned another"
-                    f" volume.{self.volume_id} than before",
+                    f" volume.{self.volume_id} than it did {ago(now - prev[2])}, and no delete"
+                    " of that one was seen since",
                 )
-            st.creates[req.name] = (digest, vid)
+            st.creates[req.name] = (digest, vid, now)
 
     def _topology(
         self, cs: CompiledSpec, st: SpecState, topology: Any, where: str

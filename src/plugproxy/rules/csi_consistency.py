@@ -38,23 +38,22 @@ from cachetools import TTLCache
 
 from plugproxy.rules import csi_responses
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation, list_length
-from plugproxy.rules.memory import ago, digest, map_digest
+from plugproxy.rules.memory import HANDOVER, ago, digest, map_digest
+from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
     from plugproxy.rules.engine import CompiledSpec
     from plugproxy.rules.state import SpecState
 
-# Memory of a controller-side call that only this replica saw is trusted this long: a
-# Kubernetes sidecar's leader-election lease lasts 15 s, so no other replica can have
-# taken over and undone the call in less time.
-HANDOVER = 15.0
 # "Snapshots which were recently created and not yet ready to use must be retrievable"
 # (§GetSnapshot): judged this long after CreateSnapshot returned the snapshot.
 SNAPSHOT_RECENT = 300.0
 ABORTED_TOKENS = 1024  # listing tokens remembered as refused (ABORTED)
 MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest dropped)
 _STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
+_EXPAND_JUDGED = "csi_consistency.expand"  # the request was found out of order already
+_ASKED = "csi_consistency.asked"  # when a request naming a snapshot arrived
 
 
 def _value_digest(value: str) -> bytes:
@@ -146,6 +145,7 @@ class _Snapshot:
     at: float
     created_at: float | None  # when a Create* call returned it through this proxy
     ready: bool | None  # last ready_to_use seen (None: v0.3, not reported)
+    seen: float = 0.0  # when an answer last reported it
 
 
 @dataclass(slots=True)
@@ -189,6 +189,19 @@ class ConsistencyState:
         # snapshot id -> (volume_capacity_bytes a metadata stream reported, when)
         self.capacities: TTLCache[str, tuple[int, float]] = TTLCache(n, ttl, clock)
         self.streams: TTLCache[tuple[str, ...], _Stream] = TTLCache(n, ttl, clock)
+        # (rpc, request digest) -> (id answered, when) of a successful CreateSnapshot or
+        # CreateVolumeGroupSnapshot, and id -> its key: kept only as long as no other HA
+        # replica can have deleted the object and had it created anew (HANDOVER).
+        self.created: TTLCache[tuple[str, bytes], tuple[str, float]] = TTLCache(n, HANDOVER, clock)
+        self.created_ids: TTLCache[str, tuple[str, bytes]] = TTLCache(n, HANDOVER, clock)
+        # volume id -> the largest capacity the plugin confirmed for it, by side:
+        # (bytes, rpc, when); a volume never shrinks.
+        self.sizes: TTLCache[tuple[str, str], tuple[int, str, float]] = TTLCache(n, ttl, clock)
+        # group_snapshot_id -> when DeleteVolumeGroupSnapshot answered OK for it; only for a
+        # lease, as another replica may re-create a group under the same id later.
+        self.deleted_groups: TTLCache[str, float] = TTLCache(n, HANDOVER, clock)
+        # The topology key prefix the plugin last returned: (prefix, rpc, when).
+        self.prefix: tuple[str, str, float] | None = None
 
     def volume(self, volume_id: str) -> _Volume:
         """The record of ``volume_id`` to update, made if need be; its TTL starts again."""
@@ -198,7 +211,18 @@ class ConsistencyState:
         self.volumes[volume_id] = vol
         return vol
 
+    def confirmed(self, side: str, volume_id: str, size: int, rpc: str) -> None:
+        """The plugin answered that ``volume_id`` holds ``size`` bytes (``side``: controller
+        or node, whose sizes differ: a file system grows after its device)."""
+        if size <= 0 or not volume_id:
+            return
+        prev = self.sizes.get((side, volume_id))
+        if prev is None or size >= prev[0]:
+            self.sizes[(side, volume_id)] = (size, rpc, self.clock())
+
     def forget_volume(self, volume_id: str) -> None:
+        self.sizes.pop(("controller", volume_id), None)
+        self.sizes.pop(("node", volume_id), None)
         vol = self.volumes.pop(volume_id, None)
         if vol is not None:
             for target in vol.targets:
@@ -211,6 +235,65 @@ class ConsistencyState:
 
 def _mem(st: SpecState) -> ConsistencyState:
     return st.part(ConsistencyState)
+
+
+def _same_id(
+    cs: CompiledSpec, mem: ConsistencyState, rpc: str, req: Any, made: str, field_name: str
+) -> Iterable[Violation]:
+    """An identical repeat of a successful create returns the id the first one did."""
+    if not made or not req.name:
+        return
+    key = (rpc, digest(req.SerializeToString(deterministic=True)))
+    now = mem.clock()
+    prev = mem.created.get(key)
+    if prev is not None and prev[0] != made:
+        yield Violation(
+            cs.rule("create-not-idempotent"),
+            field_name,
+            f"{rpc} repeated with the same name and arguments returned another {field_name}"
+            f" than it did {ago(now - prev[1])}, and no delete of that one was seen since",
+        )
+        mem.created_ids.pop(prev[0], None)
+    mem.created[key] = (made, now)
+    mem.created_ids[made] = key
+
+
+def _topology_prefixes(
+    cs: CompiledSpec, mem: ConsistencyState, rpc: str, topologies: Iterable[Any], where: str
+) -> Iterable[Violation]:
+    """One key prefix across every topology key the plugin returns (§Topology)."""
+    now = mem.clock()
+    for topology in topologies:
+        for key in topology.segments:
+            prefix, slash, _ = key.rpartition("/")
+            if not slash or _kubernetes_owned(prefix):
+                continue
+            prev = mem.prefix
+            if prev is not None and now - prev[2] > CAPABILITY_TTL:
+                prev = None  # the plugin may have been replaced since
+            if prev is not None and prev[0] != prefix:
+                yield Violation(
+                    cs.rule("topology-prefix-inconsistent"),
+                    where,
+                    f"{where} has a topology key whose prefix differs from the prefix of a key"
+                    f" {prev[1]} returned {ago(now - prev[2])}; a key prefix MUST be identical"
+                    " across all topology keys the plugin returns",
+                )
+                return
+            mem.prefix = (prefix, rpc, now)
+
+
+def _kubernetes_owned(prefix: str) -> bool:
+    """Kubernetes' reserved key prefixes: keys the CO defines (topology.kubernetes.io/zone),
+    which drivers return besides their own so the CO can schedule by its standard labels."""
+    return prefix in ("kubernetes.io", "k8s.io") or prefix.endswith((".kubernetes.io", ".k8s.io"))
+
+
+def _forget_created(mem: ConsistencyState, made: str) -> None:
+    """A delete of ``made`` was sent: a create with the same name may make a new one."""
+    key = mem.created_ids.pop(made, None)
+    if key is not None:
+        mem.created.pop(key, None)
 
 
 # -- rules --------------------------------------------------------------------------------
@@ -342,6 +425,39 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " as a next_token: other callers may page with their own tokens meanwhile.",
         ),
         Rule(
+            "csi.snapshot-missing",
+            MUST,
+            (PLUGIN,),
+            f"{title} §DeleteVolume, §ListSnapshots",
+            "A snapshot the plugin reported within the last 15 s, with no delete of it sent"
+            " since, is missing from a ListSnapshots filtered by its snapshot_id, or is refused"
+            " as a CreateVolume source with NOT_FOUND.",
+            reject_code=None,
+            note="A snapshot outlives its volume's deletion, stays usable as a source and is"
+            " listed (§DeleteVolume), and a listing holds every snapshot its filters match"
+            " (§ListSnapshots). Judged only within a leader-election lease of the last answer"
+            f" reporting the snapshot ({HANDOVER:.0f} s): later, another replica may have"
+            " deleted it. A listing also filtered by source_volume_id, or paged, is not judged.",
+        ),
+        Rule(
+            "csi.topology-prefix-inconsistent",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "A topology key the plugin returns (CreateVolume, ListVolumes,"
+            + (" ControllerGetVolume," if v1 else "")
+            + " NodeGetInfo) has another key prefix than the keys it returned before.",
+            reject_code=None,
+            note='Topology: "If a key prefix is specified, it MUST be identical across all'
+            ' topology keys returned by the SP (across all RPCs)"; keys without a prefix are'
+            f" not compared. Compared with the last prefixed key within {CAPABILITY_TTL:.0f} s"
+            " (a plugin replaced on the socket may use another prefix). Keys under"
+            " Kubernetes' reserved prefixes (kubernetes.io, k8s.io) are not compared: they are"
+            " the CO's own well-known keys (topology.kubernetes.io/zone), which drivers such as"
+            " AWS EBS and Azure Disk return besides their own for the CO's scheduler; flagging"
+            " them would be a false alarm on every such cluster.",
+        ),
+        Rule(
             "csi.volume-smaller-than-snapshot",
             MUST,
             (PLUGIN,),
@@ -353,21 +469,29 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " of the source snapshot. Zero sizes (unknown) are not compared.",
         ),
     ]
+    context = "publish_context" if v1 else "publish_info"
+    rules.append(
+        Rule(
+            "csi.publish-context-changed",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ControllerPublishVolume",
+            "An identical repeat (secrets aside) of a successful ControllerPublishVolume"
+            f" returns another {context}.",
+            reject_code=None,
+            note=(
+                "publish_context SHALL NOT be mutable."
+                if v1
+                else "publish_info answers the publication: an idempotent ControllerPublishVolume"
+                " repeated unchanged answers the same."
+            )
+            + " Judged only while the earlier publication cannot have been undone through"
+            f" another HA replica: within {HANDOVER:.0f} s of it, or while the volume is staged"
+            " or published on this proxy's node.",
+        )
+    )
     if v1:
         rules += [
-            Rule(
-                "csi.publish-context-changed",
-                MUST,
-                (PLUGIN,),
-                f"{title} §ControllerPublishVolume",
-                "An identical repeat (secrets aside) of a successful ControllerPublishVolume"
-                " returns another publish_context.",
-                reject_code=None,
-                note="publish_context SHALL NOT be mutable. Judged only while the earlier"
-                f" publication cannot have been undone through another HA replica: within"
-                f" {HANDOVER:.0f} s of it, or while the volume is staged or published on this"
-                " proxy's node. CSI v0.3 states no such rule for publish_info.",
-            ),
             Rule(
                 "csi.republish-different-capability",
                 SHOULD,
@@ -414,6 +538,50 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " (DeleteVolumeGroupSnapshot). The plugin's INVALID_ARGUMENT for it is the"
                 " answer; a retry after it is this rule again, or csi.retry-without-change"
                 " when identical.",
+            ),
+            Rule(
+                "csi.expand-already-large-refused",
+                SHOULD,
+                (PLUGIN,),
+                f"{title} §{{rpc}}",
+                "ControllerExpandVolume or NodeExpandVolume answered OUT_OF_RANGE to a target"
+                " no larger than a capacity the plugin confirmed for the volume before; a"
+                " volume already that large SHOULD get 0 OK.",
+                reject_code=None,
+                note="Confirmed: the capacity_bytes of CreateVolume or ControllerExpandVolume"
+                " (controller side), of NodeExpandVolume (node side: a file system grows after"
+                " its device, so the controller's answer says nothing of it). A volume never"
+                " shrinks. Only OUT_OF_RANGE is judged: NOT_FOUND, FAILED_PRECONDITION and"
+                " INVALID_ARGUMENT have causes outside the size (a delete, a publication, the"
+                " capability).",
+            ),
+            Rule(
+                "csi.deleted-group-answered",
+                SHOULD,
+                (PLUGIN,),
+                f"{title} §GetVolumeGroupSnapshot",
+                "GetVolumeGroupSnapshot answered OK for a group snapshot whose"
+                " DeleteVolumeGroupSnapshot answered OK within the last 15 s (a group that no"
+                " longer exists should get NOT_FOUND).",
+                reject_code=None,
+                note="Lower case in the text. Judged only within a leader-election lease of the"
+                " delete: later, another replica may have created a group that got the same id"
+                " (plugins often derive ids from names); a create answering the id ends it.",
+            ),
+            Rule(
+                "csi.group-id-mismatch",
+                MUST,
+                (CO,),
+                f"{title} §The ready to use Parameter",
+                "GetVolumeGroupSnapshot or DeleteVolumeGroupSnapshot names in snapshot_ids a"
+                " snapshot the plugin returned with another group_snapshot_id, or created"
+                " alone by CreateSnapshot (an independent snapshot).",
+                reject_code=None,
+                note="Snapshot.group_snapshot_id: the CO MUST use it in later group operations"
+                " to say which group a snapshot belongs to, and SHALL treat a snapshot without"
+                " one as independent. A snapshot's group never changes, so the memory of it"
+                " holds for the hour like the other snapshot memory; the plugin's INVALID_ARGUMENT"
+                " is the answer the table gives.",
             ),
             Rule(
                 "csi.metadata-restart-offset",
@@ -514,12 +682,16 @@ class ConsistencyChecks:
         if not resp.HasField("volume"):
             return
         vol = resp.volume
+        yield from _topology_prefixes(
+            cs, _mem(st), "CreateVolume", vol.accessible_topology, "volume.accessible_topology"
+        )
         vid = getattr(vol, self.f.volume_id)
         if not vid:
             return
         mem = _mem(st)
         now = mem.clock()
         cap = vol.capacity_bytes
+        mem.confirmed("controller", vid, cap, "CreateVolume")
         if cap > 0 and req.HasField("volume_content_source"):
             source = req.volume_content_source
             if source.HasField("snapshot"):
@@ -554,12 +726,27 @@ class ConsistencyChecks:
             else:
                 mem.contexts[vid] = prev
 
+    def node_info_response(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        if resp.HasField("accessible_topology"):
+            yield from _topology_prefixes(
+                cs, _mem(st), "NodeGetInfo", (resp.accessible_topology,), "accessible_topology"
+            )
+
     def list_volumes_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
         for i, entry in enumerate(resp.entries):
             if entry.HasField("volume"):
+                yield from _topology_prefixes(
+                    cs,
+                    mem,
+                    "ListVolumes",
+                    entry.volume.accessible_topology,
+                    f"entries[{i}].volume.accessible_topology",
+                )
                 yield from self._plugin_context(
                     cs, mem, entry.volume, "ListVolumes", f"entries[{i}].volume"
                 )
@@ -569,6 +756,13 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         if resp.HasField("volume"):
+            yield from _topology_prefixes(
+                cs,
+                _mem(st),
+                "ControllerGetVolume",
+                resp.volume.accessible_topology,
+                "volume.accessible_topology",
+            )
             yield from self._plugin_context(
                 cs, _mem(st), resp.volume, "ControllerGetVolume", "volume"
             )
@@ -618,8 +812,7 @@ class ConsistencyChecks:
             return
         prev = pubs.get(node)
         if (
-            self.f.v1
-            and prev is not None
+            prev is not None
             and map_digest(getattr(resp, self.f.publish_context)) != prev.context
             and prev.args == _without(req, self.f.publish_secrets)
             and self._trusted(mem, st, vid, node, prev.at)
@@ -987,10 +1180,76 @@ class ConsistencyChecks:
             return f"staged or published on this node since {ago(now - since)}"
         return None
 
+    def controller_expanded(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if resp is not None:
+            _mem(st).confirmed("controller", req.volume_id, resp.capacity_bytes, call.method.name)
+
+    def node_expanded(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if resp is not None:
+            _mem(st).confirmed("node", req.volume_id, resp.capacity_bytes, call.method.name)
+
+    def _already_large(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, side: str
+    ) -> Iterable[Violation]:
+        """OUT_OF_RANGE to a target the volume was confirmed to reach already."""
+        mem = _mem(st)
+        known = mem.sizes.get((side, req.volume_id))
+        cr = req.capacity_range
+        target = cr.required_bytes or cr.limit_bytes
+        if known is None or target <= 0 or target > known[0]:
+            return
+        yield Violation(
+            cs.rule("expand-already-large-refused"),
+            "capacity_range",
+            f"{call.method.name} to {target} bytes answered OUT_OF_RANGE, but {known[1]}"
+            f" answered {known[0]} bytes for this volume {ago(mem.clock() - known[2])}: a"
+            " volume already that large SHOULD get 0 OK",
+            party=PLUGIN,
+        )
+
+    def node_expand_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "OUT_OF_RANGE":
+            yield from self._already_large(cs, st, call, req, "node")
+
+    def controller_expand_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        """§ControllerExpandVolume: with OFFLINE expansion only, a volume published or in use
+        on a node is expanded only after it was unpublished (or unstaged) there."""
+        plugin = st.known_capabilities("plugin")
+        if plugin is None or "OFFLINE" not in plugin or "ONLINE" in plugin:
+            return
+        mem = _mem(st)
+        vid = req.volume_id
+        where = None
+        vol = mem.volumes.get(vid)
+        if vol is not None and vol.in_use():
+            since = min([*vol.staged.values(), *(t.at for t in vol.targets.values())])
+            where = f"staged or published on this node since {ago(mem.clock() - since)}"
+        else:
+            for node, pub in (mem.publishes.get(vid) or {}).items():
+                if self._trusted(mem, st, vid, node, pub.at):
+                    where = f"ControllerPublished {ago(mem.clock() - pub.at)} and not unpublished"
+                    break
+        if where is None:
+            return
+        call.stage_state[_EXPAND_JUDGED] = True
+        yield Violation(
+            cs.rule("call-order"),
+            "volume_id",
+            f"ControllerExpandVolume of a volume {where} while the plugin advertises only"
+            " OFFLINE expansion; it MUST be unpublished first",
+            enforceable=False,
+        )
+
     def controller_expand_error(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
     ) -> Iterable[Violation]:
-        if code != "FAILED_PRECONDITION":
+        if code == "OUT_OF_RANGE":
+            yield from self._already_large(cs, st, call, req, "controller")
+        if code != "FAILED_PRECONDITION" or call.stage_state.get(_EXPAND_JUDGED):
             return
         plugin = st.known_capabilities("plugin")
         if plugin is None:
@@ -1032,9 +1291,10 @@ class ConsistencyChecks:
         ready = snap.ready_to_use if self.f.v1 else None
         if prev is None:
             mem.snapshots[sid] = _Snapshot(
-                snap.size_bytes, group, rpc, now, now if created else None, ready
+                snap.size_bytes, group, rpc, now, now if created else None, ready, now
             )
             return
+        prev.seen = now
         prev.size = snap.size_bytes or prev.size
         prev.group = group or prev.group
         prev.ready = ready
@@ -1045,9 +1305,12 @@ class ConsistencyChecks:
     def create_snapshot_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
-        if resp.HasField("snapshot"):
-            self._remember_snapshot(_mem(st), resp.snapshot, "CreateSnapshot", True)
-        return ()
+        if not resp.HasField("snapshot"):
+            return
+        mem = _mem(st)
+        self._remember_snapshot(mem, resp.snapshot, "CreateSnapshot", True)
+        sid = getattr(resp.snapshot, self.f.snapshot_id)
+        yield from _same_id(cs, mem, "CreateSnapshot", req, sid, f"snapshot.{self.f.snapshot_id}")
 
     def get_snapshot_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
@@ -1060,10 +1323,59 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
+        if (
+            req.snapshot_id
+            and not req.source_volume_id
+            and not req.starting_token
+            and list_length(call, resp, "entries") == 0
+        ):
+            yield from self._snapshot_missing(
+                cs,
+                mem,
+                call,
+                req.snapshot_id,
+                "ListSnapshots filtered by its snapshot_id answered no entry",
+            )
         for entry in resp.entries:
             if entry.HasField("snapshot"):
                 self._remember_snapshot(mem, entry.snapshot, "ListSnapshots", False)
         self._token_handed_out(mem, call, resp)
+
+    def _snapshot_missing(
+        self, cs: CompiledSpec, mem: ConsistencyState, call: Call, sid: str, what: str
+    ) -> Iterable[Violation]:
+        """A snapshot the plugin reported moments ago, before the request came, and no
+        delete of it was sent since."""
+        snap = mem.snapshots.get(sid)
+        now = mem.clock()
+        asked = call.stage_state.get(_ASKED)
+        if snap is None or asked is None or snap.at > asked or now - snap.seen > HANDOVER:
+            return
+        yield Violation(
+            cs.rule("snapshot-missing"),
+            "",
+            f"{what}, but {snap.rpc} reported the snapshot {ago(now - snap.at)} (last seen"
+            f" {ago(now - snap.seen)}) and no delete of it was sent since",
+            party=PLUGIN,
+        )
+
+    def create_volume_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code != "NOT_FOUND" or not req.HasField("volume_content_source"):
+            return
+        source = req.volume_content_source
+        if source.HasField("snapshot"):
+            sid = getattr(source.snapshot, self.f.snapshot_id)
+            yield from self._snapshot_missing(
+                cs, _mem(st), call, sid, "CreateVolume from the snapshot answered NOT_FOUND"
+            )
+
+    def create_volume_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        if req.HasField("volume_content_source"):
+            call.stage_state[_ASKED] = _mem(st).clock()  # a snapshot seen after is not judged
         return ()
 
     def delete_snapshot_request(
@@ -1072,6 +1384,7 @@ class ConsistencyChecks:
         mem = _mem(st)
         # Whatever the answer, the snapshot may be gone: judged no more.
         snap = mem.snapshots.pop(req.snapshot_id, None)
+        _forget_created(mem, req.snapshot_id)
         if self.f.v1 and snap is not None and snap.group:
             yield Violation(
                 cs.rule("delete-group-member"),
@@ -1117,6 +1430,7 @@ class ConsistencyChecks:
         group = resp.group_snapshot
         self._group_members(mem, group, "CreateVolumeGroupSnapshot", True)
         gid = group.group_snapshot_id
+        mem.deleted_groups.pop(gid, None)
         if gid and gid not in mem.groups:
             mem.groups[gid] = _Group(
                 map_digest(req.secrets),
@@ -1124,14 +1438,32 @@ class ConsistencyChecks:
                 mem.clock(),
                 tuple(s.snapshot_id for s in group.snapshots),
             )
-        return ()
+        return _same_id(
+            cs, mem, "CreateVolumeGroupSnapshot", req, gid, "group_snapshot.group_snapshot_id"
+        )
+
+    def group_deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.group_snapshot_id:
+            mem = _mem(st)
+            mem.deleted_groups[req.group_snapshot_id] = mem.clock()
 
     def get_group_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
+        mem = _mem(st)
+        gone = mem.deleted_groups.get(req.group_snapshot_id)
+        if gone is not None:
+            return (
+                Violation(
+                    cs.rule("deleted-group-answered"),
+                    "",
+                    "GetVolumeGroupSnapshot answered OK for a group snapshot"
+                    f" DeleteVolumeGroupSnapshot deleted {ago(mem.clock() - gone)}; a group"
+                    " that no longer exists should get NOT_FOUND",
+                ),
+            )
         if not resp.HasField("group_snapshot"):
             return ()
-        mem = _mem(st)
         group = resp.group_snapshot
         self._group_members(mem, group, "GetVolumeGroupSnapshot", False)
         gid = req.group_snapshot_id
@@ -1157,20 +1489,47 @@ class ConsistencyChecks:
                 " same for all operations on it",
             )
 
+    def _group_ids(self, cs: CompiledSpec, mem: ConsistencyState, req: Any) -> Iterable[Violation]:
+        """snapshot_ids of a group operation name members of that group only."""
+        gid = req.group_snapshot_id
+        for i, sid in enumerate(req.snapshot_ids):
+            snap = mem.snapshots.get(sid)
+            if snap is None:
+                continue
+            if snap.group and snap.group != gid:
+                why = "with another group_snapshot_id"
+            elif not snap.group and snap.rpc == "CreateSnapshot":
+                why = "from CreateSnapshot, without a group_snapshot_id (an independent snapshot)"
+            else:
+                continue
+            yield Violation(
+                cs.rule("group-id-mismatch"),
+                f"snapshot_ids[{i}]",
+                f"snapshot_ids[{i}] names a snapshot {snap.rpc} returned"
+                f" {ago(mem.clock() - snap.at)} {why}; a group operation names its own"
+                " group's snapshots",
+            )
+            return
+
     def get_group_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
-        yield from self._group_secrets(cs, _mem(st), req)
+        mem = _mem(st)
+        yield from self._group_secrets(cs, mem, req)
+        yield from self._group_ids(cs, mem, req)
 
     def delete_group_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
         yield from self._group_secrets(cs, mem, req)
+        yield from self._group_ids(cs, mem, req)
         # The group goes with its members, whatever the answer: judged no more.
         group = mem.groups.pop(req.group_snapshot_id, None)
+        _forget_created(mem, req.group_snapshot_id)
         for sid in (*req.snapshot_ids, *(group.members if group is not None else ())):
             mem.snapshots.pop(sid, None)
+            _forget_created(mem, sid)
 
     # -- listings -----------------------------------------------------------------------
 
@@ -1178,6 +1537,8 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
+        if call.method.name == "ListSnapshots" and req.snapshot_id:
+            call.stage_state[_ASKED] = mem.clock()
         if not mem.aborted or not req.starting_token:
             return
         at = mem.aborted.get((call.method.name, digest(req.starting_token.encode())))
@@ -1287,6 +1648,7 @@ def hooks(title: str, v1: bool) -> Hooks:
     """The family's rules and checks for the CSI version cited as ``title``."""
     c = ConsistencyChecks(V1 if v1 else V0)
     request: dict[str, tuple[Any, ...]] = {
+        "CreateVolume": (c.create_volume_request,),
         "ControllerPublishVolume": (c.controller_publish_request,),
         "ControllerUnpublishVolume": (c.controller_unpublish_request,),
         "ValidateVolumeCapabilities": (c.validate_request,),
@@ -1301,6 +1663,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         "ListVolumes": (c.list_volumes_response,),
         "ControllerPublishVolume": (c.controller_publish_response,),
         "NodePublishVolume": (c.node_publish_response,),
+        "NodeGetInfo": (c.node_info_response,),
         "CreateSnapshot": (c.create_snapshot_response,),
         "ListSnapshots": (c.list_snapshots_response,),
     }
@@ -1315,6 +1678,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         "NodeUnpublishVolume": (c.unpublished,),
     }
     error: dict[str, tuple[Any, ...]] = {
+        "CreateVolume": (c.create_volume_error,),
         "DeleteVolume": (c.delete_volume_error,),
         "ControllerUnpublishVolume": (c.controller_unpublish_error,),
         "NodeStageVolume": (c.not_controller_published,),
@@ -1327,6 +1691,7 @@ def hooks(title: str, v1: bool) -> Hooks:
     needs: dict[str, tuple[str, ...]] = {}
     if v1:
         request |= {
+            "ControllerExpandVolume": (c.controller_expand_request,),
             "NodeExpandVolume": (c.node_expand_request,),
             "GetVolumeGroupSnapshot": (c.get_group_request,),
             "DeleteVolumeGroupSnapshot": (c.delete_group_request,),
@@ -1346,8 +1711,14 @@ def hooks(title: str, v1: bool) -> Hooks:
             "GetMetadataAllocated": (c.metadata_done,),
             "GetMetadataDelta": (c.metadata_done,),
         }
+        success |= {
+            "DeleteVolumeGroupSnapshot": (c.group_deleted,),
+            "ControllerExpandVolume": (c.controller_expanded,),
+            "NodeExpandVolume": (c.node_expanded,),
+        }
         error |= {
             "ControllerExpandVolume": (c.controller_expand_error,),
+            "NodeExpandVolume": (c.node_expand_error,),
             "GetSnapshot": (c.get_snapshot_error,),
         }
         # ONLINE/OFFLINE expansion is a plugin capability, EXPAND_VOLUME a controller one.

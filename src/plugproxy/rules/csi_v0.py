@@ -12,7 +12,8 @@ and human-readable messages are advisory.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
 from plugproxy.rules.csi_common import (
@@ -22,13 +23,24 @@ from plugproxy.rules.csi_common import (
     staging_path_missing,
 )
 from plugproxy.rules.engine import (
+    CO,
+    SHOULD,
     FixFirst,
     Hooks,
+    Rule,
     ServiceNeeds,
     SpecTable,
     StateChange,
+    Violation,
     merged,
 )
+from plugproxy.rules.memory import ago
+from plugproxy.rules.state import CAPABILITY_TTL
+
+if TYPE_CHECKING:
+    from plugproxy.api import Call
+    from plugproxy.rules.engine import CompiledSpec
+    from plugproxy.rules.state import SpecState
 
 TITLE = "CSI v0.3"
 _checks = CsiChecks(volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS")
@@ -215,6 +227,30 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "NodeGetInfo": {"UNIMPLEMENTED": _NO_RETRY},
 }
 
+# Rows whose recovery says "retry with exponential back off". v0.3's Error Scheme has no
+# ABORTED row: the RPCs whose own table has "Operation pending" carry it.
+_PENDING = {"ABORTED": True}
+_GONE_OR_PENDING = {"NOT_FOUND": True, "ABORTED": True}
+BACKOFF_RPC: dict[str, dict[str, bool]] = {
+    "CreateVolume": {"RESOURCE_EXHAUSTED": True, "ABORTED": True},
+    "DeleteVolume": {"FAILED_PRECONDITION": True, "ABORTED": True},
+    "ControllerPublishVolume": {
+        "NOT_FOUND": True,
+        "FAILED_PRECONDITION": True,
+        "RESOURCE_EXHAUSTED": True,
+        "ABORTED": True,
+    },
+    "ControllerUnpublishVolume": _GONE_OR_PENDING,
+    "ValidateVolumeCapabilities": {"NOT_FOUND": True},
+    "CreateSnapshot": _PENDING,
+    "DeleteSnapshot": {"FAILED_PRECONDITION": True, "ABORTED": True},
+    "NodeStageVolume": _GONE_OR_PENDING,
+    "NodeUnstageVolume": _GONE_OR_PENDING,
+    "NodePublishVolume": _GONE_OR_PENDING,
+    "NodeUnpublishVolume": _GONE_OR_PENDING,
+}
+PENDING_RPCS = frozenset(rpc for rpc, rows in BACKOFF_RPC.items() if rows.get("ABORTED"))
+
 # "This operation MUST be idempotent": see csi_v1.STATE_CHANGES for the codes judged.
 _REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
 _NODE = _REQUEST | {"ALREADY_EXISTS", "FAILED_PRECONDITION"}
@@ -266,6 +302,50 @@ _BASE = Hooks(
     on_error={k: (v,) for k, v in _checks.lifecycle_errors().items()},
 )
 
+
+class NodeInfoSeen:
+    """When NodeGetInfo last answered OK: the plugin serves it (SpecState part)."""
+
+    def __init__(self, st: SpecState) -> None:
+        self.at: float | None = None
+
+
+def _node_info_served(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    st.part(NodeInfoSeen).at = st.clock()
+
+
+def _node_get_id_called(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any
+) -> Iterable[Violation]:
+    at = st.part(NodeInfoSeen).at
+    if at is not None and st.clock() - at <= CAPABILITY_TTL:
+        yield Violation(
+            cs.rule("node-get-id-deprecated"),
+            "",
+            f"NodeGetId called although NodeGetInfo answered OK {ago(st.clock() - at)}; its"
+            " callers SHOULD use NodeGetInfo",
+        )
+
+
+# §NodeGetId: "Users of this RPC call SHOULD use NodeGetInfo" (it is deprecated).
+_NODE_GET_ID = Hooks(
+    rules=(
+        Rule(
+            "csi.node-get-id-deprecated",
+            SHOULD,
+            (CO,),
+            f"{TITLE} §NodeGetId",
+            "The CO calls the deprecated NodeGetId while the plugin is known to serve"
+            " NodeGetInfo (advisory).",
+            reject_code=None,
+            note=f"Judged only within {CAPABILITY_TTL:.0f} s of a NodeGetInfo answered OK:"
+            " a CO may fall back to NodeGetId for a plugin that does not implement NodeGetInfo.",
+        ),
+    ),
+    request_checks={"NodeGetId": (_node_get_id_called,)},
+    on_success={"NodeGetInfo": (_node_info_served,)},
+)
+
 TABLE = SpecTable(
     spec="csi.v0",
     family="csi",
@@ -312,10 +392,13 @@ TABLE = SpecTable(
     services=SERVICES,
     fix_first=FIX_FIRST,
     fix_first_rpc=FIX_FIRST_RPC,
+    backoff_rpc=BACKOFF_RPC,
+    pending_rpcs=PENDING_RPCS,
     state_changes=STATE_CHANGES,
     accepted_not_judged=frozenset({"csi.call-order"}),  # as in csi_v1
     **merged(
         _BASE,
+        _NODE_GET_ID,
         csi_capabilities.hooks(TITLE, v1=False),
         csi_consistency.hooks(TITLE, v1=False),
         csi_responses.hooks(TITLE, v1=False),

@@ -350,6 +350,38 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "GetMetadataDelta": {"INVALID_ARGUMENT": None},
 }
 
+# Rows whose recovery says "retry with exponential back off": §Error Scheme's ABORTED for
+# every RPC, and per RPC its own rows (True) or a general code its row says otherwise for
+# (False: an invalid starting_token asks for a restart of the listing).
+BACKOFF = frozenset({"ABORTED"})
+_GONE = {"NOT_FOUND": True}  # "MUST verify ... before retrying with exponential back off"
+BACKOFF_RPC: dict[str, dict[str, bool]] = {
+    "CreateVolume": {"NOT_FOUND": True, "RESOURCE_EXHAUSTED": True},
+    "DeleteVolume": {"FAILED_PRECONDITION": True},
+    "ControllerPublishVolume": {
+        "NOT_FOUND": True,
+        "FAILED_PRECONDITION": True,
+        "RESOURCE_EXHAUSTED": True,
+    },
+    "ControllerUnpublishVolume": _GONE,
+    "ValidateVolumeCapabilities": _GONE,
+    "ListVolumes": {"ABORTED": False},
+    "ControllerGetVolume": _GONE,
+    "ControllerModifyVolume": _GONE,
+    "DeleteSnapshot": {"FAILED_PRECONDITION": True},
+    "ListSnapshots": {"ABORTED": False},
+    "GetSnapshot": _GONE,
+    "ControllerExpandVolume": {"NOT_FOUND": True, "FAILED_PRECONDITION": True},
+    "NodeStageVolume": _GONE,
+    "NodeUnstageVolume": _GONE,
+    "NodePublishVolume": _GONE,
+    "NodeUnpublishVolume": _GONE,
+    "NodeGetVolumeStats": _GONE,
+    "NodeExpandVolume": _GONE,
+    "DeleteVolumeGroupSnapshot": {"FAILED_PRECONDITION": True},
+    "GetVolumeGroupSnapshot": _GONE,
+}
+
 # "This operation MUST be idempotent." The answers judged on an identical repeat are those
 # no unseen change explains: a request valid and implemented a moment ago is still so.
 _REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
@@ -462,6 +494,8 @@ TABLE = SpecTable(
     services=SERVICES,
     fix_first=FIX_FIRST,
     fix_first_rpc=FIX_FIRST_RPC,
+    backoff=BACKOFF,
+    backoff_rpc=BACKOFF_RPC,
     state_changes=STATE_CHANGES,
     accepted_not_judged=ACCEPTED_NOT_JUDGED,
     **merged(

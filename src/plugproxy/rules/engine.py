@@ -239,6 +239,16 @@ class SpecTable:
     # RPC -> code -> its own error row: one more FixFirst, or None where the row's recovery
     # lets the caller retry unchanged (or only advises), overriding the general one;
     fix_first_rpc: Mapping[str, Mapping[str, FixFirst | None]] = field(default_factory=dict)
+    # code -> the Error Scheme's row says "retry with exponential back off", every RPC;
+    backoff: frozenset[str] = frozenset()
+    # RPC -> code -> its own error row: True where it says back off, False where its row
+    # for a general code does not (ABORTED of a listing: restart it), overriding ``backoff``;
+    backoff_rpc: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
+    # The code of the Error Scheme's "operation pending" row, whose recovery asks the caller
+    # to see no other call for the object pending before retrying; None: no such row.
+    pending_code: str | None = "ABORTED"
+    # The RPCs whose own table has that row, when the Error Scheme has none; None: every RPC.
+    pending_rpcs: frozenset[str] | None = None
     # RPC -> how it changes objects (idempotency); RPCs not listed change nothing;
     state_changes: Mapping[str, StateChange] = field(default_factory=dict)
     # request rules whose breach the plugin is not bound to answer with their reject code

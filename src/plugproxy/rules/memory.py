@@ -10,6 +10,11 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+# Memory of a controller-side answer that only this replica saw is trusted this long: a
+# Kubernetes sidecar's leader-election lease lasts 15 s, so no other replica can have
+# taken over and undone (or redone) the call in less time.
+HANDOVER = 15.0
+
 
 def digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()

@@ -61,8 +61,10 @@ class SpecState:
         self._ttl = capability_ttl
         self._query_failed: dict[str, float] = {}
         self.volumes: TTLCache[str, VolumeState] = TTLCache(max_volumes, lifecycle_ttl, clock)
-        # CreateVolume name -> (argument digest, volume id) of the last successful create.
-        self.creates: TTLCache[str, tuple[bytes, str]] = TTLCache(max_volumes, lifecycle_ttl, clock)
+        # CreateVolume name -> (argument digest, volume id, when) of the last successful create.
+        self.creates: TTLCache[str, tuple[bytes, str, float]] = TTLCache(
+            max_volumes, lifecycle_ttl, clock
+        )
         self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
         self._parts: dict[type, object] = {}
         self.max_volumes = max_volumes

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -39,7 +40,7 @@ from prometheus_client import Counter
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
-from plugproxy.keys import keys_of
+from plugproxy.keys import KEY_TABLES, keys_of
 from plugproxy.options import Option, duration, value_source
 from plugproxy.rules import TABLES, all_rules, annotated
 from plugproxy.rules.csi_common import capability_names
@@ -95,9 +96,25 @@ CANONICAL_STATUSES = frozenset(str(code.value[0]) for code in grpc.StatusCode)  
 # repeats come within minutes; older memory is more likely stale than useful.
 RETRY_TTL = 600.0
 REPEAT_TTL = 600.0
+# retry-without-backoff: this many waits in a row, each shorter than BACKOFF_SHORT and none
+# more than BACKOFF_GROWTH times the one before, are not a back off. kubelet waits 0.5 s and
+# doubles (cap ~2 min), the CSI sidecars 1 s and double (cap 5 min): never three such waits.
+BACKOFF_WAITS = 3
+BACKOFF_SHORT = 10.0
+BACKOFF_GROWTH = 1.05
 # call.stage_state keys of this stage.
 _DIGEST = "validate.digest"  # the request's digest, computed at most once per call
 _ACCEPTED = "validate.accepted"  # audited request violations the spec prescribes an answer for
+_FLIGHT = "validate.flight"  # the object keys this call counts in GenericMemory.in_flight
+
+
+@dataclass(slots=True)
+class BackoffSeries:
+    """Identical requests answered with a back-off row's code, one after the other."""
+
+    code: str
+    ended: float | None  # when the last one was answered; None while one is in flight
+    waits: list[float]  # the last waits from an answer to the next identical request
 
 
 class GenericMemory:
@@ -119,6 +136,20 @@ class GenericMemory:
         )
         # service -> (rpc, when) of its last OK answer; a handful of services.
         self.served: dict[str, tuple[str, float]] = {}
+        # object key -> calls naming it received and not yet answered; only keys in flight
+        # are held, so the calls in flight bound it.
+        self.in_flight: dict[str, int] = {}
+        # (rpc, object key) -> when the plugin answered it ABORTED (an operation pending).
+        self.aborted: TTLCache[tuple[str, str], float] = TTLCache(
+            st.max_volumes, RETRY_TTL, st.clock
+        )
+        self.aborted_until = 0.0
+        # (rpc, request digest) -> identical requests answered with a back-off code.
+        self.backoff: TTLCache[tuple[str, bytes], BackoffSeries] = TTLCache(
+            st.max_volumes, RETRY_TTL, st.clock
+        )
+        # rpc -> until when a series of it may be remembered: only its calls are hashed.
+        self.backoff_until: dict[str, float] = {}
 
     def may_have_refused(self) -> bool:
         if not self.refused_until:
@@ -127,6 +158,24 @@ class GenericMemory:
             return True
         self.refused.clear()
         self.refused_until = 0.0
+        return False
+
+    def may_have_aborted(self) -> bool:
+        if not self.aborted_until:
+            return False
+        if self.clock() < self.aborted_until:
+            return True
+        self.aborted.clear()
+        self.aborted_until = 0.0
+        return False
+
+    def may_be_backing_off(self, rpc: str) -> bool:
+        until = self.backoff_until.get(rpc)
+        if until is None:
+            return False
+        if self.clock() < until:
+            return True
+        del self.backoff_until[rpc]  # its series expired with it (same TTL)
         return False
 
     def refuse(self, key: tuple[str, bytes], code: str) -> None:
@@ -285,6 +334,9 @@ class _Plan:
     state_change: StateChange | None
     fix_first: dict[str, FixFirst]  # code -> row, general and this RPC's own merged
     judge_retries: bool  # the request has fields: identical bytes are one caller's retry
+    primary: str  # "<kind>:" of the object the call is about (plugproxy.keys); "": none
+    pending_code: str | None  # the "operation pending" row's code
+    backoff_codes: frozenset[str]  # codes whose row for this RPC says back off
 
 
 def _named(plan: _Plan, capabilities: Iterable[str]) -> str:
@@ -376,6 +428,10 @@ class ValidateStage(Stage):
         requires: bool | tuple[str, tuple[str, ...]] = False
         if needs_service is not None:
             requires = rpc in needs_service.rpcs or needs_service.when.get(rpc, False)
+        backoff = set(t.backoff)
+        for code, says in t.backoff_rpc.get(rpc, {}).items():
+            (backoff.add if says else backoff.discard)(code)
+        key_spec = KEY_TABLES.get(t.spec, {}).get(rpc)
         fix_first = dict(t.fix_first)
         for code, row in t.fix_first_rpc.get(rpc, {}).items():
             if row is None:
@@ -406,6 +462,11 @@ class ValidateStage(Stage):
             state_change=t.state_changes.get(rpc),
             fix_first=fix_first,
             judge_retries=bool(method.request_class.DESCRIPTOR.fields),
+            primary=f"{key_spec[0][0]}:" if key_spec else "",
+            pending_code=t.pending_code
+            if t.pending_rpcs is None or rpc in t.pending_rpcs
+            else None,
+            backoff_codes=frozenset(backoff),
         )
 
     def wants(self, method: MethodInfo) -> bool:
@@ -418,6 +479,11 @@ class ValidateStage(Stage):
         request = call.request
         if request is None:
             return None  # client-streaming: judged message by message in on_request
+        # Arrival, before any wait: the serialize stage after this one may queue the call.
+        if plan.primary:
+            self._arrived(plan, call)
+        if plan.judge_retries and plan.memory.may_be_backing_off(plan.rpc):
+            self._resent(plan, call)
         if plan.needs and self._must_learn(plan):
             return self._learn_then_judge(plan, call, request)
         self._judge_request(plan, call, request)
@@ -593,10 +659,16 @@ class ValidateStage(Stage):
 
     def on_finish(self, call: Call) -> None:
         self.report.calls_judged += 1
+        plan = self._plans[call.method.path]
+        flying = call.stage_state.get(_FLIGHT)
+        if flying is not None:
+            self._landed(plan, flying)
         if call.rejected:
             return
-        plan = self._plans[call.method.path]
         code = call.code
+        backoff = code.name in plan.backoff_codes and not call.details.startswith("plugproxy: ")
+        if backoff or plan.rpc in plan.memory.backoff_until:
+            self._backoff_answer(plan, call, backoff)
         raw = call.raw_status
         if raw is not None and raw not in CANONICAL_STATUSES:
             rule = plan.spec.rule("status-code-not-canonical")
@@ -628,6 +700,8 @@ class ValidateStage(Stage):
                 self._record(plan, call, (repeat,), PLUGIN)
         if not by_plugin:
             return
+        if code.name == plan.pending_code and plan.primary:
+            self._pending(plan, call)
         self._refused(plan, call, code.name)
         if plan.on_error and call.request is not None:
             req = call.request.message
@@ -836,6 +910,109 @@ class ValidateStage(Stage):
             f" {ago(mem.clock() - when)} and no other change of its objects was seen since"
             " (the operation MUST be idempotent)",
         )
+
+    # -- calls in flight and back off -----------------------------------------------------
+
+    def _arrived(self, plan: _Plan, call: Call) -> None:
+        """Count the call in flight for its object; the retry of a call the plugin answered
+        ABORTED while another call for the object is in flight is retry-while-pending."""
+        keys = [k for k in keys_of(call) if k.startswith(plan.primary)]
+        if not keys:
+            return
+        mem = plan.memory
+        flight = mem.in_flight
+        if mem.may_have_aborted():
+            for key in keys:
+                when = mem.aborted.pop((plan.rpc, key), None)
+                others = flight.get(key, 0)
+                if when is not None and others:
+                    kind = plan.primary[:-1]
+                    v = Violation(
+                        plan.spec.rule("retry-while-pending"),
+                        "",
+                        f"{plan.rpc} retried while {others} other call(s) for the same {kind}"
+                        f" are in flight; the plugin answered it ABORTED {ago(mem.clock() - when)}"
+                        " and the caller SHOULD ensure no other call for it is pending first",
+                    )
+                    self._record(plan, call, (v,), CO)
+        for key in keys:
+            flight[key] = flight.get(key, 0) + 1
+        call.stage_state[_FLIGHT] = keys
+
+    @staticmethod
+    def _landed(plan: _Plan, keys: list[str]) -> None:
+        flight = plan.memory.in_flight
+        for key in keys:
+            left = flight.get(key, 0) - 1
+            if left > 0:
+                flight[key] = left
+            else:
+                flight.pop(key, None)
+
+    @staticmethod
+    def _pending(plan: _Plan, call: Call) -> None:
+        """The plugin answered "operation pending": the next call is a retry to judge."""
+        mem = plan.memory
+        now = mem.clock()
+        for key in keys_of(call):
+            if key.startswith(plan.primary):
+                mem.aborted[(plan.rpc, key)] = now
+                mem.aborted_until = now + RETRY_TTL
+
+    def _resent(self, plan: _Plan, call: Call) -> None:
+        """An identical request after back-off answers: one more wait of the series."""
+        lazy = call.request
+        if lazy is None or not lazy.raw:
+            return
+        digest = request_digest(call)
+        assert digest is not None
+        mem = plan.memory
+        series = mem.backoff.get((plan.rpc, digest))
+        if series is None or series.ended is None:
+            return  # none, or an identical one is still in flight: not a retry after it
+        waits = series.waits
+        waits.append(mem.clock() - series.ended)
+        series.ended = None
+        if len(waits) > BACKOFF_WAITS:
+            del waits[0]
+        if len(waits) < BACKOFF_WAITS or max(waits) >= BACKOFF_SHORT:
+            return
+        if any(b > a * BACKOFF_GROWTH for a, b in itertools.pairwise(waits)):
+            return
+        shown = ", ".join(f"{w:.1f}s" for w in waits)
+        v = Violation(
+            plan.spec.rule("retry-without-backoff"),
+            "",
+            f"{plan.rpc} re-sent unchanged after {len(waits)} {series.code} answers in a row,"
+            f" waiting {shown} after each: the waits do not grow, and the recovery for"
+            f" {series.code} says retry with exponential back off",
+        )
+        waits.clear()  # the next report needs a new series of waits
+        self._record(plan, call, (v,), CO)
+
+    @staticmethod
+    def _backoff_answer(plan: _Plan, call: Call, backoff: bool) -> None:
+        """A back-off answer ends one request of a series; any other answer ends the series."""
+        mem = plan.memory
+        if not backoff or not plan.judge_retries:
+            digest = call.stage_state.get(_DIGEST)  # hashed on arrival if a series could match
+            if digest is not None:
+                mem.backoff.pop((plan.rpc, digest), None)
+            return
+        lazy = call.request
+        if lazy is None or not lazy.raw:
+            return
+        digest = request_digest(call)
+        assert digest is not None
+        now = mem.clock()
+        key = (plan.rpc, digest)
+        series = mem.backoff.get(key)
+        if series is None or series.code != call.code.name:
+            mem.backoff[key] = BackoffSeries(call.code.name, now, [])
+        else:
+            series.ended = now
+            mem.backoff[key] = series  # touch: it lives while the retries go on
+        mem.backoff_until[plan.rpc] = now + RETRY_TTL
 
     # -- recording ------------------------------------------------------------------------
 
