@@ -158,3 +158,14 @@ def test_rulecost_keeps_rule_memory_within_its_bound(capsys: pytest.CaptureFixtu
     assert result["us_per_call"] > 0 and result["bytes_per_tracked_volume"] > 0
     assert asyncio.run(rulecost.main(["--volumes", "10"])) == 0
     assert "per tracked volume" in capsys.readouterr().out
+
+
+def test_listandwatch_soak_script_holds_the_stream() -> None:
+    soak = _load("listandwatch_soak")
+    ns = soak.argparse.Namespace(
+        duration=1.0, period=0.001, sample_every=0.5, keep=False, json=None
+    )
+    report = asyncio.run(soak.soak(ns))
+    assert report["stream_state_at_end"] == "OK"
+    assert report["updates"] > 100
+    assert report["proxy_counted_messages"] >= report["updates"]

@@ -34,14 +34,40 @@ def test_demo_runs_the_lifecycle_and_shows_each_capability():
     assert SECRET not in out + result.stderr
 
 
-def test_demo_trace_prints_one_trace_from_the_co_through_the_proxy_into_the_plugin():
-    result = subprocess.run(
-        [sys.executable, "-m", "plugproxy", "demo", "--trace"],
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plugproxy", "demo", *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_kms_demo_round_trips_without_showing_the_plaintext():
+    result = _demo("--spec", "kms.v2", "--proxy-log", "stderr")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for rpc in ("Status", "Encrypt", "Decrypt"):
+        assert f"/v2.KeyManagementService/{rpc}" in out
+    assert "round trip: Decrypt returned the same 32 bytes that went into Encrypt" in out
+    assert '"plaintext":"***"' in out and 'spec="kms.v2"' in out
+    assert "appears in the proxy's log (raw, base64 or hex): no" in out
+    # The whole proxy log went to stderr: the plaintext is masked there as well.
+    assert result.stderr.count('"plaintext":"***"') == 2
+
+
+def test_device_plugin_demo_reads_the_health_stream():
+    result = _demo("--spec", "device-plugin")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "/v1beta1.DevicePlugin/ListAndWatch" in out and "5 updates" in out
+    assert "plugproxy_rpc_stream_messages_total{" in out
+    assert '"envs":{"FAKE_VISIBLE_DEVICES":"***"}' in out
+
+
+def test_demo_trace_prints_one_trace_from_the_co_through_the_proxy_into_the_plugin():
+    result = _demo("--trace")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"{len(LIFECYCLE)}/{len(LIFECYCLE)} calls succeeded" in out

@@ -36,9 +36,12 @@ EXPECTED = {
     "csi-node-remote.yaml",
     "cosi-provisioner.yaml",
     "cmi-plugin.yaml",
+    "kms-plugin.yaml",
+    "device-plugin.yaml",
 }
-# How the other containers name a plugin endpoint: CSI sidecar flags and the specs' env vars.
-ENDPOINT_FLAGS = ("--csi-address", "--endpoint")
+# How the other containers name a plugin endpoint: CSI sidecar flags, the specs' env vars,
+# and the flag KMS plugins commonly listen by.
+ENDPOINT_FLAGS = ("--csi-address", "--endpoint", "--listen-addr")
 ENDPOINT_ENV = ("CSI_ENDPOINT", "COSI_ENDPOINT", "CMI_ENDPOINT")
 ARG_VAR = re.compile(r"\$\((\w+)\)")
 SHELL_VAR = re.compile(r"\$\{?(\w+)\}?")
@@ -87,6 +90,13 @@ def workloads() -> Iterator[Workload]:
                     doc["metadata"]["name"],
                     template["spec"],
                     template["metadata"].get("annotations", {}),
+                )
+            elif doc["kind"] == "Pod":  # a static pod (kubelet runs it from a file)
+                yield Workload(
+                    path.name,
+                    doc["metadata"]["name"],
+                    doc["spec"],
+                    doc["metadata"].get("annotations", {}),
                 )
 
 
@@ -304,7 +314,14 @@ def test_co_dials_the_proxy_and_only_the_proxy_reaches_the_plugin(w: Workload) -
                 (co_side if ep.grpc_target == listen.grpc_target else plugin_side).append(
                     container["name"]
                 )
-    assert co_side, "no CO container dials plugproxy"
+    if not co_side:
+        # The CO is no container of this pod (kube-apiserver, kubelet): it dials the
+        # socket on the host.
+        assert listen.is_unix, "no CO container dials plugproxy"
+        outer, _ = location(w.proxy, listen.url)
+        assert "hostPath" in w.volume(outer), "the CO outside the pod cannot reach the socket"
+    if w in DEVICE_PLUGIN_WORKLOADS:
+        return  # the plugin names no socket; its own test follows
     if upstream.scheme is Scheme.TLS:
         assert not plugin_side  # the plugin is remote
         return
@@ -326,6 +343,42 @@ def test_co_dials_the_proxy_and_only_the_proxy_reaches_the_plugin(w: Workload) -
 NODE_WORKLOADS = [
     w for w in WORKLOADS if any("node-driver-registrar" in c["image"] for c in w.containers)
 ]
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEVICE_PLUGIN_WORKLOADS = [
+    w for w in WORKLOADS if proxy_env(w).get("PLUGPROXY_SPEC") == "deviceplugin.v1beta1"
+]
+
+
+def test_a_device_plugin_is_among_the_manifests() -> None:
+    assert DEVICE_PLUGIN_WORKLOADS
+
+
+@pytest.mark.parametrize(
+    "w", DEVICE_PLUGIN_WORKLOADS, ids=[w.file for w in DEVICE_PLUGIN_WORKLOADS]
+)
+def test_the_device_plugin_registers_the_proxy_socket(w: Workload) -> None:
+    """The plugin sees a private device plugin directory holding the host's kubelet.sock:
+    its socket lands where only the proxy dials it, and the name it registers with kubelet
+    is the proxy's socket in the host's directory."""
+    env = proxy_env(w)
+    listen, upstream = (
+        parse_endpoint(env["PLUGPROXY_LISTEN"]),
+        parse_endpoint(env["PLUGPROXY_UPSTREAM"]),
+    )
+    outer, name = location(w.proxy, listen.url)
+    assert w.volume(outer)["hostPath"]["path"] == DEVICE_PLUGIN_DIR and "/" not in name
+    inner, inner_name = location(w.proxy, upstream.url)
+    assert inner_name == name  # the same name: the one the plugin registers
+    assert "emptyDir" in w.volume(inner)
+    plugins = [c for c in w.containers if c is not w.proxy and inner in mounters_of(c)]
+    assert len(plugins) == 1 and mounters(w, inner) == {w.proxy["name"], plugins[0]["name"]}
+    mounts = {m["mountPath"]: m["name"] for m in plugins[0]["volumeMounts"]}
+    assert mounts[DEVICE_PLUGIN_DIR] == inner
+    kubelet_sock = w.volume(mounts[f"{DEVICE_PLUGIN_DIR}/kubelet.sock"])["hostPath"]
+    assert kubelet_sock == {"path": f"{DEVICE_PLUGIN_DIR}/kubelet.sock", "type": "Socket"}
+    assert outer not in mounters_of(plugins[0])  # the plugin never sees the proxy's socket
+    # ListAndWatch lives as long as the plugin: connection ageing must not cut it.
+    assert listen.is_unix or options.duration(env.get("PLUGPROXY_MAX_CONNECTION_AGE", "1h")) == 0
 
 
 @pytest.mark.parametrize("w", NODE_WORKLOADS, ids=[w.file for w in NODE_WORKLOADS])

@@ -107,3 +107,25 @@ def test_parse_serialize_key():
     for bad in ("/a.B/C", "a.B/C=d", "/a.B/C=", "/a.B/C=d..e", "/a/B/C=d"):
         with pytest.raises(ValueError, match=r"expected /package\.Service/Method=FIELD_PATH"):
             parse_serialize_key(bad)
+
+
+def test_kubernetes_plugin_api_keys():
+    dra = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    claims = [
+        {"namespace": "ns", "uid": "uid-a", "name": "a"},
+        {"namespace": "ns", "uid": "uid-b", "name": "b"},
+    ]
+    assert keys_for(f"{dra}/NodePrepareResources", claims=claims) == ("claim:uid-a", "claim:uid-b")
+    assert keys_for(f"{dra}/NodeUnprepareResources", claims=claims[:1]) == ("claim:uid-a",)
+    device = "/v1beta1.DevicePlugin"
+    assert keys_for(
+        f"{device}/Allocate",
+        container_requests=[{"devices_ids": ["gpu-0", "gpu-1"]}, {"devices_ids": ["gpu-1"]}],
+    ) == ("device:gpu-0", "device:gpu-1")
+    assert keys_for(f"{device}/PreStartContainer", devices_ids=["gpu-3"]) == ("device:gpu-3",)
+    # A stream as long-lived as the plugin must never hold a key; KMS calls stand alone.
+    assert keys_for(f"{device}/ListAndWatch") == ()
+    assert keys_for(f"{device}/GetPreferredAllocation", container_requests=[{}]) == ()
+    assert keys_for("/v2.KeyManagementService/Encrypt", plaintext=b"x", uid="u") == ()
+    assert keys_for("/v2.KeyManagementService/Decrypt", ciphertext=b"x", uid="u") == ()
+    assert "kms.v2" not in KEY_TABLES and "pluginregistration.v1" not in KEY_TABLES

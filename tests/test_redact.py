@@ -394,3 +394,84 @@ def test_redact_paths_resolve_in_descriptor_sets():
         Redactor([spec], [f"{VAULT}.Secret.nope"])
     with pytest.raises(ConfigError, match="or a --descriptor-set"):
         Redactor([load_spec("csi.v1")], [f"{VAULT}.Secret.labels"])  # set not served
+
+
+# -- Kubernetes' own plugin APIs ----------------------------------------------------------
+
+KMS = load_spec("kms.v2")
+DEVICES = load_spec("deviceplugin.v1beta1")
+
+
+def test_kms_plaintext_is_secret_and_annotations_advisory():
+    red = redact.for_specs(["kms.v2"])
+    assert masked_fields(red, "v2.EncryptRequest") == {"plaintext"}
+    assert masked_fields(red, "v2.DecryptResponse") == {"plaintext"}
+    assert masked_fields(red, "v2.EncryptResponse") == {"annotations"}
+    assert masked_fields(red, "v2.DecryptRequest") == {"annotations"}
+    # Ciphertext is stored openly in etcd by design; the key id names the key, not its bytes.
+    for name in ("v2.StatusResponse", "v2.StatusRequest"):
+        assert red.plan_for(name) is None
+    off = redact.for_specs(["kms.v2"], defaults=False)
+    assert masked_fields(off, "v2.EncryptRequest") == {"plaintext"}
+    assert masked_fields(off, "v2.DecryptResponse") == {"plaintext"}
+    assert off.plan_for("v2.EncryptResponse") is None
+
+    dek = bytes(range(32))
+    request = KMS.message_class("v2.EncryptRequest")(plaintext=dek, uid="u-1")
+    assert red.render(request) == {"plaintext": MASK, "uid": "u-1"}
+    response = KMS.message_class("v2.EncryptResponse")(ciphertext=b"\x01c", key_id="k1")
+    response.annotations["kms.example.io/wrapped-kek"] = b"wrapped"
+    rendered = red.render(response)
+    assert rendered["annotations"] == {"kms.example.io/wrapped-kek": MASK}
+    assert rendered["key_id"] == "k1" and rendered["ciphertext"] == "AWM="
+    # The plaintext of the request masks free text too (base64 form included).
+    call = call_for("/v2.KeyManagementService/Encrypt", request)
+    import base64
+
+    shown = base64.b64encode(dek).decode()
+    assert red.mask_text(f"cannot wrap {shown}", call) == f"cannot wrap {MASK}"
+
+
+def test_device_plugin_envs_are_advisory_with_names_visible():
+    red = redact.for_specs(["deviceplugin.v1beta1"])
+    assert masked_fields(red, "v1beta1.ContainerAllocateResponse") == {"envs"}
+    assert red.plan_for("v1beta1.AllocateResponse") is not None  # leads to envs
+    assert red.plan_for("v1beta1.ListAndWatchResponse") is None  # the hot stream: no checks
+    response = DEVICES.message_class("v1beta1.AllocateResponse")()
+    answer = response.container_responses.add()
+    answer.envs["LICENSE_TOKEN"] = "tok-123456"
+    answer.annotations["cdi.k8s.io/dev"] = "vendor.com/gpu=0"
+    assert red.render(response) == {
+        "container_responses": [
+            {"envs": {"LICENSE_TOKEN": MASK}, "annotations": {"cdi.k8s.io/dev": "vendor.com/gpu=0"}}
+        ]
+    }
+    assert redact.for_specs(["deviceplugin.v1beta1"], defaults=False).plans == {}
+
+
+def test_dra_and_plugin_registration_carry_nothing_sensitive():
+    assert redact.for_specs(["dra.v1beta1", "pluginregistration.v1"]).plans == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "owner"),
+    [
+        ("v1beta1.ContainerAllocateResponse.annotations", "v1beta1.ContainerAllocateResponse"),
+        ("v2.DecryptRequest.key_id", "v2.DecryptRequest"),
+        ("pluginregistration.PluginInfo.endpoint", "pluginregistration.PluginInfo"),
+        (
+            "k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim.namespace",
+            "k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim",
+        ),
+    ],
+)
+def test_redact_paths_resolve_by_package_for_short_packages(path, owner):
+    red = Redactor(
+        [KMS, DEVICES, load_spec("dra.v1beta1"), load_spec("pluginregistration.v1")], [path]
+    )
+    assert path.rpartition(".")[2] in masked_fields(red, owner)
+
+
+def test_unknown_redact_path_in_a_short_package_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"kms\.v2 has no message v2\.Nope"):
+        Redactor([KMS], ["v2.Nope.field"])

@@ -9,7 +9,7 @@ from google.protobuf import descriptor_pb2
 
 from plugproxy.api import CallKind
 from plugproxy.endpoints import ConfigError
-from plugproxy.registry import SPEC_NAMES, Registry, load_spec
+from plugproxy.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec, load_spec
 from tests.support import VAULT, build_descriptor_set, vault_descriptor_set
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -19,7 +19,12 @@ REFERENCE = {
     "csi_v0": SHARED / "csi" / "csi-v0.3.0.proto",
     "cosi_v1alpha1": SHARED / "cosi" / "cosi-v1alpha1.proto",
     "cmi_v1": SHARED / "cmi" / "cmi-v1.proto",
+    "kms_v2": SHARED / "k8s-plugins" / "kms-v2.proto",
+    "deviceplugin_v1beta1": SHARED / "k8s-plugins" / "deviceplugin-v1beta1.proto",
+    "dra_v1beta1": SHARED / "k8s-plugins" / "dra-v1beta1.proto",
+    "pluginregistration_v1": SHARED / "k8s-plugins" / "pluginregistration-v1.proto",
 }
+K8S_SPECS = ("kms.v2", "deviceplugin.v1beta1", "dra.v1beta1", "pluginregistration.v1")
 
 
 def test_every_spec_loads_into_its_own_pool():
@@ -139,3 +144,48 @@ def test_serialize_keys_are_checked_and_attached_to_the_method():
     sources = {"--serialize-key": "PLUGPROXY_SERIALIZE_KEY"}
     with pytest.raises(ConfigError, match=r"^PLUGPROXY_SERIALIZE_KEY /csi.v1.Node/Nope=x: unknown"):
         Registry(["csi.v1"], (), ["/csi.v1.Node/Nope=x"], sources)
+
+
+def test_kubernetes_plugin_apis_load_together_without_a_path_clash():
+    """Short packages ("v2", "v1beta1") and two services named Registration: every method
+    path of every bundled spec is distinct, and each spec keeps its own pool."""
+    together = Registry(SPEC_NAMES)
+    per_spec = {name: Registry([name]).methods(name) for name in SPEC_NAMES}
+    assert len(together.methods()) == sum(len(m) for m in per_spec.values())
+    for name, methods in per_spec.items():
+        for m in methods:
+            assert together.lookup(m.path).spec_name == name
+    assert {name: len(per_spec[name]) for name in K8S_SPECS} == {
+        "kms.v2": 3,
+        "deviceplugin.v1beta1": 6,
+        "dra.v1beta1": 2,
+        "pluginregistration.v1": 2,
+    }
+    device = together.lookup("/v1beta1.Registration/Register")
+    kubelet = together.lookup("/pluginregistration.Registration/GetInfo")
+    assert (device.spec_name, kubelet.spec_name) == (
+        "deviceplugin.v1beta1",
+        "pluginregistration.v1",
+    )
+    assert device.spec is not None and kubelet.spec is not None
+    assert device.spec.pool is not kubelet.spec.pool
+    stream = together.lookup("/v1beta1.DevicePlugin/ListAndWatch")
+    assert stream.kind is CallKind.UNARY_STREAM
+    assert stream.response_class.DESCRIPTOR.full_name == "v1beta1.ListAndWatchResponse"
+    dra = together.lookup("/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources")
+    assert dra.request_class.DESCRIPTOR.full_name.endswith(
+        "dra.v1beta1.NodePrepareResourcesRequest"
+    )
+    # Same short names, different types: v1beta1.Device (device plugin) and DRA's Device.
+    assert load_spec("deviceplugin.v1beta1").message_class("v1beta1.Device") is not (
+        load_spec("dra.v1beta1").message_class("k8s.io.kubelet.pkg.apis.dra.v1beta1.Device")
+    )
+
+
+def test_spec_aliases_name_bundled_specs():
+    assert canonical_spec("kms") == "kms.v2"
+    assert canonical_spec("device-plugin") == "deviceplugin.v1beta1"
+    assert canonical_spec("dra.v1beta1") == "dra.v1beta1"
+    assert all(target in SPEC_NAMES for target in SPEC_ALIASES.values())
+    with pytest.raises(ValueError, match=r"unknown spec 'kms\.v1'"):
+        canonical_spec("kms.v1")

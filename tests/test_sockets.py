@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -79,3 +81,31 @@ async def test_second_proxy_on_a_live_socket_refuses(tmp_path):
         assert socket_answers(listen)
     finally:
         await first.stop(0)
+
+
+async def test_healthz_fails_once_the_listen_socket_is_removed_or_replaced(tmp_path):
+    """kubelet empties /var/lib/kubelet/device-plugins when it restarts: liveness must fail
+    so the proxy is restarted and listens again."""
+    listen = str(tmp_path / "proxy.sock")
+    proxy = await start_proxy(
+        listen, str(tmp_path / "plugin.sock"), "--admin-listen", "127.0.0.1:0"
+    )
+    assert proxy.admin is not None
+    url = f"http://127.0.0.1:{proxy.admin.port}/healthz"
+
+    def status() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    try:
+        assert status() == (200, "ok")
+        os.unlink(listen)
+        code, body = status()
+        assert code == 503 and "was removed or replaced" in body and listen in body
+        _stale_socket(listen)  # another socket file under the same name is not ours
+        assert status()[0] == 503
+    finally:
+        await proxy.stop(0)

@@ -12,10 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
-from plugproxy.api import Call, Reject, Stage
+from plugproxy import redact
+from plugproxy.api import Call, LazyMessage, Reject, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.fakes.collector import TraceCollector, start_collector
-from plugproxy.registry import load_spec
+from plugproxy.registry import Registry, load_spec
 from plugproxy.stages import tracing
 from plugproxy.stages.tracing import TracingStage, build_from_env, sampler_from_env
 from tests.support import channel, start_proxy
@@ -309,9 +310,34 @@ def test_build_reads_the_process_environment(monkeypatch):
 
     class Runtime:
         upstream = Upstream()
+        registry = Registry(["csi.v1"])
 
     assert tracing.build(None, Runtime()) is None  # type: ignore[arg-type]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     stage = tracing.build(None, Runtime())  # type: ignore[arg-type]
     assert isinstance(stage, TracingStage)
     asyncio.run(stage.shutdown())
+
+
+async def test_keys_read_from_an_operator_redacted_field_are_masked_in_spans(tmp_path):
+    """--redact on a field a key is read from (a device id) masks the key in spans too."""
+    registry = Registry(["deviceplugin.v1beta1"])
+    red = redact.for_specs(
+        ["deviceplugin.v1beta1"], ["v1beta1.ContainerAllocateRequest.devices_ids"]
+    )
+    exporter = InMemorySpanExporter()
+    stage = TracingStage(exporter, redactor=red)
+    info = registry.lookup("/v1beta1.DevicePlugin/Allocate")
+    for masked in (True, False):
+        call = Call(info, (), [], 5.0)
+        request = info.request_class(container_requests=[{"devices_ids": ["serial-0042"]}])
+        call.request = LazyMessage(request.SerializeToString(), info.request_class)
+        if not masked:
+            stage._redactor = None
+        stage.on_start(call)
+        stage.on_finish(call)
+    stage.provider.force_flush()
+    spans = exporter.get_finished_spans()
+    keys = [tuple(s.attributes["plugproxy.keys"]) for s in spans if s.kind is SpanKind.SERVER]
+    assert keys == [("device:***",), ("device:serial-0042",)]
+    await stage.shutdown()

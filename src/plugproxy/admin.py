@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from plugproxy.api import AdminHandler, ReadinessCheck
 from plugproxy.endpoints import ConfigError
 from plugproxy.log import Logger
+from plugproxy.sockets import socket_identity
 
 
 def parse_admin_listen(raw: str, source: str = "--admin-listen") -> tuple[str, int] | None:
@@ -51,6 +52,23 @@ def metrics(registry: CollectorRegistry) -> AdminHandler:
 
 def healthz() -> tuple[int, str, bytes]:
     return 200, "text/plain; charset=utf-8", b"ok"
+
+
+def listen_socket_healthz(path: str) -> AdminHandler:
+    """/healthz that fails once the listen socket file is removed or replaced.
+
+    kubelet empties its device plugin directory when it restarts, socket files included:
+    a proxy listening there would go on accepting nothing. Failing liveness has the
+    container restarted, and the socket made again."""
+    bound = socket_identity(path)
+
+    def handler() -> tuple[int, str, bytes]:
+        if socket_identity(path) != bound:
+            why = f"listen socket {path} was removed or replaced; restart to listen again"
+            return 503, "text/plain; charset=utf-8", why.encode()
+        return healthz()
+
+    return handler
 
 
 class AdminServer:

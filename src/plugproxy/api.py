@@ -65,9 +65,10 @@ class Party(enum.Enum):
 class SpecInfo:
     """One spec version with its own descriptor pool (csi_secret and cmi_secret collide)."""
 
-    # "csi.v1", "csi.v0", "cosi.v1alpha1", "cmi.v1"; a descriptor set: its package or file stem
+    # "csi.v1", "kms.v2", "deviceplugin.v1beta1", ...; a descriptor set: its package or file stem
     name: str
-    family: str  # "csi", "cosi", "cmi" (the rule id prefix); a descriptor set: its name
+    # "csi", "kms", "deviceplugin", ... (the rule id prefix); a descriptor set: its name
+    family: str
     pool: DescriptorPool
     secret_option: FieldDescriptor | None
     field_options_class: type[Message] | None

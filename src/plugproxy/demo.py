@@ -1,4 +1,5 @@
-"""`plugproxy demo`: a fake CSI plugin, the proxy in front of it, and a full volume lifecycle.
+"""`plugproxy demo`: a fake CSI plugin, the proxy in front of it, and a full volume lifecycle
+(``--spec kms.v2`` and ``--spec device-plugin``: :mod:`plugproxy.demo_k8s`).
 
 Everything runs on temporary UNIX sockets with real gRPC; nothing is left behind.
 """
@@ -18,9 +19,10 @@ import grpc
 from google.protobuf import json_format
 
 from plugproxy import report, serve
+from plugproxy.endpoints import ConfigError
 from plugproxy.fakes import start_fake_plugin
 from plugproxy.log import Logger
-from plugproxy.registry import Registry
+from plugproxy.registry import SPEC_ALIASES, Registry
 
 GIB = 1 << 30
 SECRET = "demo-secret-value-7f3c"  # must never reach the proxy's log
@@ -121,9 +123,17 @@ TRACED_CALL: tuple[str, dict[str, Any]] = (
         ],
     },
 )
+DEMO_SPECS = ("csi.v1", "kms.v2", "deviceplugin.v1beta1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spec",
+        dest="demo_spec",
+        default="csi.v1",
+        choices=(*DEMO_SPECS, "kms", "device-plugin"),
+        help="which plugin API to demonstrate (default csi.v1: a volume lifecycle)",
+    )
     parser.add_argument(
         "--proxy-log",
         choices=("excerpt", "stderr"),
@@ -205,7 +215,7 @@ async def drive_lifecycle(target: str, tmp: str, out: TextIO) -> int:
     return failures
 
 
-class _Tee(io.StringIO):
+class Tee(io.StringIO):
     """Keeps the proxy's log for the excerpt, and copies it to stderr when asked."""
 
     def __init__(self, echo: bool) -> None:
@@ -285,6 +295,14 @@ def show_log_excerpt(log: str, out: TextIO) -> None:
 
 
 async def run(ns: argparse.Namespace) -> int:
+    chosen = getattr(ns, "demo_spec", "csi.v1")
+    spec = SPEC_ALIASES.get(chosen, chosen)
+    if spec != "csi.v1" and getattr(ns, "trace", False):
+        raise ConfigError("demo --trace traces the CSI demo; leave out --spec or --trace")
+    if spec != "csi.v1":
+        from plugproxy import demo_k8s  # noqa: PLC0415 (it imports this module)
+
+        return await demo_k8s.run(spec, ns)
     out = sys.stdout
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/csi.sock"
@@ -298,7 +316,7 @@ async def run(ns: argparse.Namespace) -> int:
             ],
             environ={},
         )
-        log = _Tee(echo=ns.proxy_log == "stderr")
+        log = Tee(echo=ns.proxy_log == "stderr")
         with traced.proxy_environment() if traced is not None else contextlib.nullcontext():
             proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
         await proxy.start()

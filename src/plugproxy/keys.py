@@ -1,4 +1,4 @@
-"""Which volume, snapshot, bucket or machine a call is about.
+"""Which volume, snapshot, bucket, machine, device or resource claim a call is about.
 
 One small table per spec names, per RPC, the request fields that identify the resources it
 acts on (CSI v1.12 §Concurrency: one call in flight per volume). The descriptors supply the
@@ -88,6 +88,20 @@ KEY_TABLES: dict[str, dict[str, KeySpec]] = {
     "cmi.v1": {
         name: (("machine", "MachineName"),)
         for name in ("CreateMachine", "DeleteMachine", "GetMachineStatus", "ShutDownMachine")
+    },
+    # KMS v2: none. Each Encrypt and Decrypt stands alone (the uid names the request, not a
+    # resource), and kube-apiserver waits on them while it serves reads and writes.
+    # Device plugins: the devices whose device-specific operations Allocate and
+    # PreStartContainer run. ListAndWatch has none: a stream as long-lived as the plugin
+    # must never hold a lock.
+    "deviceplugin.v1beta1": {
+        "Allocate": (("device", "container_requests.devices_ids"),),
+        "PreStartContainer": (("device", "devices_ids"),),
+    },
+    # DRA: the ResourceClaims a call prepares or unprepares, by uid.
+    "dra.v1beta1": {
+        "NodePrepareResources": (("claim", "claims.uid"),),
+        "NodeUnprepareResources": (("claim", "claims.uid"),),
     },
 }
 

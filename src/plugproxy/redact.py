@@ -9,9 +9,11 @@ A field is sensitive when
 - it is one of the fields a spec names as secret without an option: the ``*_secrets`` maps of
   CSI v0.3 (CSI v0.3 §Secrets Requirements) and the credentials a COSI plugin hands out
   (COSI v1alpha1 §DriverGrantBucketAccess);
+- it is one of the fields whose value opens everything else though no spec says "secret":
+  the plaintext of KMS v2 Encrypt and Decrypt (a data encryption key);
 - it is one the spec calls possibly sensitive (CSI §NodePublishVolume ``mount_flags``) or that
-  carries tokens in practice (NodePublishVolume ``volume_context``), unless
-  ``--redact-defaults off``;
+  carries tokens in practice (NodePublishVolume ``volume_context``, KMS v2 annotations,
+  device plugin ``envs``), unless ``--redact-defaults off``;
 - or an operator names it with ``--redact <message full name>.<field>`` (a message of a
   bundled spec or of a served descriptor set).
 
@@ -46,7 +48,7 @@ from google.protobuf.message import Message
 from plugproxy.api import Call, SpecInfo
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import Option
-from plugproxy.registry import SPEC_NAMES, load_spec
+from plugproxy.registry import SPEC_NAMES, load_spec, spec_package
 from plugproxy.sampling import Sample
 
 MASK = "***"
@@ -73,6 +75,12 @@ SPEC_SECRET_PATHS: dict[str, tuple[str, ...]] = {
         "cosi.v1alpha1.DriverGrantBucketAccessResponse.credentials",
         "cosi.v1alpha1.CredentialDetails.secrets",
     ),
+    # KMS v2: the plaintext kube-apiserver has encrypted and gets back is the seed of its
+    # data encryption key; whoever holds it reads every Secret it protects.
+    "kms.v2": (
+        "v2.EncryptRequest.plaintext",
+        "v2.DecryptResponse.plaintext",
+    ),
 }
 
 # Possibly sensitive by the spec's own words or by common use; `--redact-defaults off` drops them.
@@ -85,6 +93,15 @@ ADVISORY_PATHS: dict[str, tuple[str, ...]] = {
         "csi.v0.VolumeCapability.MountVolume.mount_flags",  # CSI v0.3 §VolumeCapability
         "csi.v0.NodePublishVolumeRequest.volume_attributes",
     ),
+    # KMS v2 EncryptResponse.annotations: plugin-defined metadata kept with the data; plugins
+    # put wrapped key material there, and the API leaves its protection to them.
+    "kms.v2": (
+        "v2.EncryptResponse.annotations",
+        "v2.DecryptRequest.annotations",
+    ),
+    # Environment variables a device plugin injects into containers: licence keys and
+    # access tokens travel this way (the names stay visible).
+    "deviceplugin.v1beta1": ("v1beta1.ContainerAllocateResponse.envs",),
 }
 
 OPTIONS: list[Option] = [
@@ -98,8 +115,9 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "--redact-defaults",
-        "mask fields the specs call possibly sensitive (mount_flags) and NodePublishVolume's "
-        "volume_context (service-account tokens)",
+        "mask fields the specs call possibly sensitive (mount_flags) and fields that carry "
+        "tokens or key material in practice (NodePublishVolume's volume_context, KMS v2 "
+        "annotations, device plugin envs)",
         default="on",
         choices=("on", "off"),
     ),
@@ -161,7 +179,7 @@ def _resolve_path(
     candidates: list[tuple[str, SpecInfo | None]] = [
         (s.name, s) for s in sets if message_name in s.message_classes
     ]
-    candidates += [(n, None) for n in SPEC_NAMES if message_name.startswith(n + ".")]
+    candidates += [(n, None) for n in SPEC_NAMES if message_name.startswith(spec_package(n) + ".")]
     for spec_name, loaded in candidates:
         spec = loaded if loaded is not None else load_spec(spec_name)
         if message_name not in spec.message_classes:
@@ -173,7 +191,8 @@ def _resolve_path(
         return spec, desc, fd
     raise ConfigError(
         f"--redact {path!r}: expected <message full name>.<field> in one of "
-        f"{', '.join(SPEC_NAMES)} or a --descriptor-set"
+        f"the packages {', '.join(dict.fromkeys(spec_package(n) for n in SPEC_NAMES))}"
+        " or a --descriptor-set"
         " (e.g. csi.v1.NodePublishVolumeRequest.volume_context)"
     )
 

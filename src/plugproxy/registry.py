@@ -33,8 +33,35 @@ SPECS: dict[str, tuple[str, str, str | None]] = {
     "csi.v0": ("csi_v0.binpb", "csi.v0", None),
     "cosi.v1alpha1": ("cosi_v1alpha1.binpb", "cosi.v1alpha1", "cosi.v1alpha1.cosi_secret"),
     "cmi.v1": ("cmi_v1.binpb", "cmi.v1", "cmi.v1.cmi_secret"),
+    # Kubernetes' own plugin APIs. Their packages are short ("v2", "v1beta1") or carry no
+    # version, so the spec name is never taken for the package.
+    "kms.v2": ("kms_v2.binpb", "v2", None),
+    "deviceplugin.v1beta1": ("deviceplugin_v1beta1.binpb", "v1beta1", None),
+    "dra.v1beta1": ("dra_v1beta1.binpb", "k8s.io.kubelet.pkg.apis.dra.v1beta1", None),
+    "pluginregistration.v1": ("pluginregistration_v1.binpb", "pluginregistration", None),
 }
 SPEC_NAMES: tuple[str, ...] = tuple(SPECS)
+# Other names --spec accepts for a bundled spec.
+SPEC_ALIASES: dict[str, str] = {
+    "kms": "kms.v2",
+    "device-plugin": "deviceplugin.v1beta1",
+    "dra": "dra.v1beta1",
+    "plugin-registration": "pluginregistration.v1",
+}
+
+
+def canonical_spec(name: str) -> str:
+    """The spec name for ``name`` or one of its aliases; ValueError when unknown."""
+    spec = SPEC_ALIASES.get(name, name)
+    if spec not in SPECS:
+        known = ", ".join((*SPEC_NAMES, *SPEC_ALIASES))
+        raise ValueError(f"unknown spec {name!r}; known: {known}")
+    return spec
+
+
+def spec_package(name: str) -> str:
+    """The proto package of spec ``name`` (every message and service lives under it)."""
+    return SPECS[name][1]
 
 
 def _walk(desc: Descriptor) -> Iterator[Descriptor]:

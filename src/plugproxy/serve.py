@@ -25,7 +25,7 @@ from plugproxy.options import (
     octal_mode,
     value_source,
 )
-from plugproxy.registry import SPEC_NAMES, Registry
+from plugproxy.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec
 from plugproxy.relay.framerelay import FrameRelay
 from plugproxy.relay.grpcrelay import GrpcRelay
 from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
@@ -40,7 +40,7 @@ CORE_OPTIONS: list[Option] = [
         "--spec",
         "which spec to decode calls with; auto picks by each method's package",
         default="auto",
-        choices=("auto", *SPEC_NAMES),
+        choices=("auto", *SPEC_NAMES, *SPEC_ALIASES),
     ),
     Option(
         "--descriptor-set",
@@ -144,7 +144,7 @@ def check_settings(ns: argparse.Namespace) -> Settings:
     if ns.max_concurrent_calls <= 0:
         raise ConfigError("--max-concurrent-calls must be positive")
     transport.check(ns, listen, upstream)
-    specs = SPEC_NAMES if ns.spec == "auto" else (ns.spec,)
+    specs = SPEC_NAMES if ns.spec == "auto" else (canonical_spec(ns.spec),)
     uses_tls = Scheme.TLS in (listen.scheme, upstream.scheme)
     relay = getattr(ns, "relay", "auto")
     if relay == "frames" and uses_tls:
@@ -270,7 +270,11 @@ class ProxyServer:
         if probe is not None:
             self.runtime.readiness_checks.append(probe.check)
         routes = self.runtime.admin_routes
-        routes.setdefault("/healthz", admin.healthz)
+        listen = self.settings.listen
+        routes.setdefault(
+            "/healthz",
+            admin.listen_socket_healthz(listen.path) if listen.is_unix else admin.healthz,
+        )
         routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
         routes.setdefault("/metrics", admin.metrics(self.metrics))
         routes.setdefault("/debug/tasks", _task_count(asyncio.get_running_loop()))

@@ -63,6 +63,15 @@ def restrict_socket(path: str, mode: int) -> None:
         os.close(fd)
 
 
+def socket_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the socket file at ``path``; None when there is no socket there."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
+
+
 def remove_socket(path: str) -> None:
     """Remove our socket file on shutdown; tolerate it being gone already."""
     with contextlib.suppress(FileNotFoundError):

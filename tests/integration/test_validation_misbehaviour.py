@@ -301,6 +301,55 @@ CASES = [
 ]
 
 
+async def kms_round_trip(c):
+    await c.call("Status")
+    enc = await c.call("Encrypt", plaintext=b"k" * 32, uid="u1")
+    await ignore_errors(c.call("Decrypt", ciphertext=enc.ciphertext, key_id=enc.key_id))
+
+
+async def device_updates(c, count: int = 1):
+    """The first ``count`` lists of ListAndWatch (the first comes at once)."""
+    info = c.method("ListAndWatch")
+    call = c.channel.unary_stream(
+        info.path,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=info.response_class.FromString,
+    )(c.new("Empty"))
+    seen = 0
+    async for _ in call:
+        seen += 1
+        if seen == count:
+            call.cancel()
+            break
+
+
+async def device_allocation(c):
+    await c.call("GetDevicePluginOptions")
+    await device_updates(c, 3)
+    ids = ["acc-0", "acc-1", "acc-2"]
+    await c.call(
+        "GetPreferredAllocation",
+        container_requests=[
+            {"available_deviceIDs": ids, "must_include_deviceIDs": ids[2:], "allocation_size": 2}
+        ],
+    )
+    await c.call("Allocate", container_requests=[{"devices_ids": ids[:2]}])
+    await c.call("PreStartContainer", devices_ids=ids[:2])
+
+
+CASES += [
+    ("kms-key-id-empty", "kms.v2", kms_round_trip, "kms.required-field", "Encrypt"),
+    ("kms-version-v1", "kms.v2", kms_round_trip, "kms.version-unsupported", "Status"),
+    (
+        "device-health-lower-case",
+        "deviceplugin.v1beta1",
+        device_updates,
+        "deviceplugin.device-health-value",
+        "ListAndWatch",
+    ),
+]
+
+
 def test_every_misbehaviour_of_the_catalogue_is_covered():
     covered = {name for name, *_ in CASES}
     assert {m.name for m in catalogue()} == covered
@@ -327,3 +376,15 @@ async def test_clean_fake_runs_the_same_scenarios_without_plugin_violations(tmp_
         await csi_list(c)
         await csi_validate(c)
         assert [e for e in stage_of(proxy).report.snapshot() if e["party"] == "plugin"] == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "scenario"),
+    [("kms.v2", kms_round_trip), ("deviceplugin.v1beta1", device_allocation)],
+)
+async def test_clean_kubernetes_plugin_fakes_draw_no_violation(spec, scenario, tmp_path):
+    knobs = FakeKnobs(stream_period=0.001)
+    async with through_proxy(spec, tmp_path, "--validation", "audit", knobs=knobs) as (c, proxy):
+        await scenario(c)
+        assert stage_of(proxy).report.snapshot() == []
+        assert stage_of(proxy).report.calls_judged >= 3

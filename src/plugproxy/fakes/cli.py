@@ -18,6 +18,7 @@ from plugproxy.fakes.knobs import knobs_from_flags
 from plugproxy.fakes.misbehave import catalogue
 from plugproxy.fakes.otel import tracer_provider_from_env
 from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
+from plugproxy.registry import SPEC_ALIASES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " (OTEL_TRACES_EXPORTER defaults to otlp)",
     )
     parser.add_argument(
+        "--stream-period",
+        dest="fake_stream_period",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between the updates of a streaming method (device plugin"
+        " ListAndWatch; default 1)",
+    )
+    parser.add_argument(
         "--list-misbehaviours",
         dest="fake_list_misbehaviours",
         action="store_true",
@@ -85,7 +94,7 @@ def _print_catalogue(spec: str | None) -> None:
 
 
 async def run(ns: argparse.Namespace) -> int:
-    spec: str | None = ns.fake_spec
+    spec: str | None = SPEC_ALIASES.get(ns.fake_spec, ns.fake_spec)
     if spec is not None and spec not in FAKE_SPECS:
         raise ConfigError(f"--spec {spec!r}: choose one of {', '.join(FAKE_SPECS)}")
     if ns.fake_list_misbehaviours:
@@ -96,7 +105,12 @@ async def run(ns: argparse.Namespace) -> int:
     if not ns.fake_listen:
         raise ConfigError("--listen is required, e.g. unix:///run/fake.sock")
     knobs = knobs_from_flags(
-        spec, ns.fake_delay, ns.fake_fail, ns.fake_misbehave, ns.fake_plugin_name
+        spec,
+        ns.fake_delay,
+        ns.fake_fail,
+        ns.fake_misbehave,
+        ns.fake_plugin_name,
+        getattr(ns, "fake_stream_period", None),
     )
     provider = tracer_provider_from_env(os.environ, spec) if ns.fake_otel else None
     try:

@@ -59,6 +59,8 @@ class FakeKnobs:
     # built against a CSI release before v1.5: ValidateVolumeCapabilities confirms the
     # capabilities without MountVolume.volume_mount_group, a field it does not know.
     older_csi: bool = False
+    # seconds between the updates a streaming method sends (device plugin ListAndWatch).
+    stream_period: float = 1.0
 
     def checked(self, spec: str) -> FakeKnobs:
         """A validated deep copy with method keys normalised; ConfigError when invalid."""
@@ -78,6 +80,9 @@ class FakeKnobs:
         check_misbehaviours(spec, self.misbehave)
         if self.plugin_name is not None and not self.plugin_name:
             raise ConfigError("plugin name must not be empty")
+        period = self.stream_period
+        if not isinstance(period, int | float) or not math.isfinite(period) or period < 0:
+            raise ConfigError(f"stream period: {period!r} is not a number of seconds >= 0")
         for name in ("id_bytes", "token_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -182,9 +187,12 @@ def knobs_from_flags(
     failures: list[str] | None = None,
     misbehave: list[str] | None = None,
     plugin_name: str | None = None,
+    stream_period: float | None = None,
 ) -> FakeKnobs:
     """Build validated knobs from CLI flag values; ConfigError on the first bad one."""
     knobs = FakeKnobs(plugin_name=plugin_name)
+    if stream_period is not None:
+        knobs.stream_period = stream_period
     for text in delays or ():
         method, seconds = parse_delay(spec, text)
         knobs.delays[method] = seconds

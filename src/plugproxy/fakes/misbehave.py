@@ -36,6 +36,8 @@ CSI_V1 = frozenset({"csi.v1"})
 COSI = frozenset({"cosi.v1alpha1"})
 CMI = frozenset({"cmi.v1"})
 ALL = CSI | COSI | CMI
+KMS = frozenset({"kms.v2"})
+DEVICE_PLUGIN = frozenset({"deviceplugin.v1beta1"})
 
 
 @dataclass
@@ -255,6 +257,20 @@ def _hide_create_machine(ctx: HookContext, req: DynMessage, resp: DynMessage) ->
 
 _INFO = ("GetPluginInfo", "DriverGetInfo")
 
+
+def _empty_key_id(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    response.key_id = ""
+
+
+def _kms_version_v1(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    response.version = "v1"
+
+
+def _health_lower_case(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    for device in response.devices:
+        device.health = device.health.lower()
+
+
 _ENTRIES = [
     Misbehaviour(
         "create-volume-no-id",
@@ -464,6 +480,27 @@ _ENTRIES = [
         "CMI §GetPluginCapabilities and §CreateMachine (CREATE_MACHINE capability REQUIRED)",
         "GetPluginCapabilities omits CREATE_MACHINE although CreateMachine works.",
         responses={"GetPluginCapabilities": _hide_create_machine},
+    ),
+    Misbehaviour(
+        "kms-key-id-empty",
+        KMS,
+        "KMS v2 api.proto §StatusResponse and §EncryptResponse (key_id must not be empty)",
+        "Status and Encrypt answer with an empty key_id.",
+        responses=dict.fromkeys(("Status", "Encrypt"), _empty_key_id),
+    ),
+    Misbehaviour(
+        "kms-version-v1",
+        KMS,
+        'KMS v2 api.proto §StatusResponse (version must be "v2" or "v2beta1")',
+        'Status answers version "v1".',
+        responses={"Status": _kms_version_v1},
+    ),
+    Misbehaviour(
+        "device-health-lower-case",
+        DEVICE_PLUGIN,
+        'Device plugin v1beta1 api.proto §Device (health is "Healthy" or "Unhealthy")',
+        'ListAndWatch reports health as "healthy" and "unhealthy".',
+        responses={"ListAndWatch": _health_lower_case},
     ),
 ]
 

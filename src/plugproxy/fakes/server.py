@@ -27,6 +27,8 @@ from plugproxy.fakes.common import FakeError, ServicerContext
 from plugproxy.fakes.cosi import FakeCosiV1Alpha1
 from plugproxy.fakes.csi_v0 import FakeCsiV0
 from plugproxy.fakes.csi_v1 import FakeCsiV1
+from plugproxy.fakes.deviceplugin import FakeDevicePluginV1Beta1
+from plugproxy.fakes.kms import FakeKmsV2
 from plugproxy.fakes.knobs import FakeKnobs
 from plugproxy.registry import Registry
 
@@ -35,6 +37,8 @@ FAKE_SPECS: dict[str, type[FakePlugin]] = {
     "csi.v0": FakeCsiV0,
     "cosi.v1alpha1": FakeCosiV1Alpha1,
     "cmi.v1": FakeCmiV1,
+    "kms.v2": FakeKmsV2,
+    "deviceplugin.v1beta1": FakeDevicePluginV1Beta1,
 }
 
 

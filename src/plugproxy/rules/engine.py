@@ -184,7 +184,7 @@ class SpecTable:
     required_caveat: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     required_nonzero: frozenset[FieldRef] = frozenset()
     # Family 2: size limits. None = no limit (the spec overrides the general one).
-    string_limit: int | None = 128
+    string_limit: int | None = 128  # None: the spec sets no general limit
     map_limit: int | None = 4096
     size_overrides: Mapping[FieldRef, int | None] = field(default_factory=dict)
     size_recommended: Mapping[FieldRef, int] = field(default_factory=dict)
@@ -276,6 +276,10 @@ class CompiledSpec:
     def has_rule(self, suffix: str) -> bool:
         """Whether the table defines this rule (a descriptor set's table has only a few)."""
         return f"{self.table.family}.{suffix}" in self.rules
+
+    def find(self, suffix: str) -> Rule | None:
+        """The rule, or None when the spec states nothing of the kind (it is not judged)."""
+        return self.rules.get(f"{self.table.family}.{suffix}")
 
     def check_message(self, message: Message) -> list[Violation]:
         out: list[Violation] = []
@@ -941,14 +945,13 @@ class _Compiler:
             ref = (key, fd.name)
             if fd.type == FieldDescriptor.TYPE_STRING:
                 limit = self._overrides.get(ref, t.string_limit)
+                # Looked up only where a limit applies: a spec without any has no such rule.
                 if ref in self._totals:
-                    ops.append(
-                        _repeated_total_op(fd.name, self._totals[ref], self.rule("size-limit"))
-                    )
+                    size_rule = self.rule("size-limit")
+                    ops.append(_repeated_total_op(fd.name, self._totals[ref], size_rule))
                 elif limit is not None:
-                    ops.append(
-                        _string_size_op(fd.name, limit, self.rule("size-limit"), fd.is_repeated)
-                    )
+                    size_rule = self.rule("size-limit")
+                    ops.append(_string_size_op(fd.name, limit, size_rule, fd.is_repeated))
                 if ref in self._recommended:
                     ops.append(
                         _string_size_op(

@@ -27,7 +27,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -52,11 +52,12 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from plugproxy import __version__
+from plugproxy import __version__, redact
 from plugproxy.api import Call, Runtime, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import keys_of
 from plugproxy.options import Option
+from plugproxy.redact import Redactor
 
 OPTIONS: list[Option] = []  # configured by the standard OTEL_* environment only
 
@@ -120,7 +121,9 @@ class TracingStage(Stage):
         service_name: str = "plugproxy",
         resource_attributes: Mapping[str, str] | None = None,
         upstream_address: str = "",
+        redactor: Redactor | None = None,
     ) -> None:
+        self._redactor = redactor
         attributes: dict[str, Any] = {
             "service.name": service_name,
             "service.version": __version__,
@@ -159,6 +162,10 @@ class TracingStage(Stage):
         }
         keys = keys_of(call)
         if keys:
+            red = self._redactor
+            if red is not None and red.call_secrets(call):
+                # A key read from a field an operator marked sensitive (--redact).
+                keys = tuple(red.mask_text(k, call) for k in keys)
             attributes["plugproxy.keys"] = keys
         name = method.path.lstrip("/")
         if carrier is not None:
@@ -364,7 +371,13 @@ def exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
     return exporters[0] if len(exporters) == 1 else _FanOut(exporters)
 
 
-def build_from_env(environ: Mapping[str, str], upstream_address: str = "") -> TracingStage | None:
+def build_from_env(
+    environ: Mapping[str, str],
+    upstream_address: str = "",
+    redactor: Callable[[], Redactor] | None = None,
+) -> TracingStage | None:
+    """The stage the ``OTEL_*`` environment asks for, or None; ``redactor`` is called only
+    when there is a stage (a disabled stage plans no redaction)."""
     exporter = exporter_from_env(environ)
     if exporter is None:
         return None
@@ -373,8 +386,12 @@ def build_from_env(environ: Mapping[str, str], upstream_address: str = "") -> Tr
         sampler=sampler_from_env(environ),
         service_name=environ.get("OTEL_SERVICE_NAME", "").strip() or "plugproxy",
         upstream_address=upstream_address,
+        redactor=redactor() if redactor is not None else None,
     )
 
 
 def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
-    return build_from_env(os.environ, runtime.upstream.address)
+    specs = tuple(runtime.registry.specs.values())
+    return build_from_env(
+        os.environ, runtime.upstream.address, lambda: redact.from_namespace(ns, specs)
+    )

@@ -671,9 +671,12 @@ class ValidateStage(Stage):
             self._backoff_answer(plan, call, backoff)
         raw = call.raw_status
         if raw is not None and raw not in CANONICAL_STATUSES:
-            rule = plan.spec.rule("status-code-not-canonical")
-            why = status_problem(raw)
-            self._record(plan, call, (Violation(rule, "", f"{why} (read as {code.name})"),), PLUGIN)
+            # Specs without an error scheme (Kubernetes' own plugin APIs) define no such rule.
+            rule = plan.spec.find("status-code-not-canonical")
+            if rule is not None:
+                why = status_problem(raw)
+                violation = Violation(rule, "", f"{why} (read as {code.name})")
+                self._record(plan, call, (violation,), PLUGIN)
         if code is grpc.StatusCode.OK:
             if plan.on_success and call.request is not None:
                 req = call.request.message
@@ -719,22 +722,19 @@ class ValidateStage(Stage):
         cs = plan.spec
         code = call.code
         out: list[Violation] = []
-        # A descriptor set's table states no error scheme: only what gRPC itself requires.
-        if not call.details and cs.has_rule("error-message-empty"):
-            out.append(
-                Violation(
-                    cs.rule("error-message-empty"), "", f"{code.name} status with an empty message"
-                )
-            )
+        # Specs without an error scheme (Kubernetes' own plugin APIs) define neither rule.
+        empty, details = cs.find("error-message-empty"), cs.find("status-details-nonempty")
+        if not call.details and empty is not None:
+            out.append(Violation(empty, "", f"{code.name} status with an empty message"))
         for key, value in call.trailing_metadata:
-            if key != DETAILS_KEY or not value or not cs.has_rule("status-details-nonempty"):
+            if key != DETAILS_KEY or not value or details is None:
                 continue
             count = status_details_count(value)
             if count != 0:
                 what = "undecodable status details" if count is None else f"{count} detail(s)"
                 out.append(
                     Violation(
-                        cs.rule("status-details-nonempty"),
+                        details,
                         "",
                         f"{code.name} status carries {what} in {DETAILS_KEY}",
                     )
