@@ -6,6 +6,7 @@ byte; ambiguous workloads refused with nothing written.
 from __future__ import annotations
 
 import copy
+import difflib
 import io
 import pathlib
 import posixpath
@@ -29,7 +30,7 @@ K8S_VERSIONS = ("1.30", "1.33", kubernetes_validate.latest_version())
 INJECTABLE = sorted(p.name for p in FIXTURES.glob("*.yaml") if not p.name.startswith("ambiguous"))
 ARG_VAR = re.compile(r"\$\((\w+)\)")
 # Flags and variables that name a plugin address, for reading the wiring back.
-ADDRESS_FLAGS = ("--csi-address", "--endpoint", "--listen")
+ADDRESS_FLAGS = ("--csi-address", "--endpoint", "--csi-endpoint", "--listen")
 ADDRESS_ENV = ("CSI_ENDPOINT", "COSI_ENDPOINT", "CMI_ENDPOINT")
 # Each fixture's plugin socket: the driver container and the CO-side containers dialling it.
 EXPECTED = {
@@ -46,7 +47,26 @@ EXPECTED = {
     "pod-list.yaml": {"hostpath-csi": ("hostpath", {"csi-provisioner"})},
     "job-without-template-metadata.yaml": {"j": ("driver", {"client"})},
     "kustomize-built.yaml": {"acme-csi-controller": ("driver", {"csi-provisioner"})},
+    "csi-node-distroless.yaml": {"lean-csi-node": ("lean", {"node-driver-registrar"})},
+    "csi-node-nonroot.yaml": {"info-csi-node": ("info-driver", {"registrar"})},
 }
+# Who plugproxy runs as, by what each driver states: its UID and capabilities, and whether
+# a root-owned host directory must first be given to its group.
+DAC = {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
+NONE = {"drop": ["ALL"]}
+IDENTITY = {
+    "csi-node-env.yaml": (0, DAC, False),  # no runAsUser: the image's user, nearly always root
+    "csi-node-distroless.yaml": (0, DAC, False),
+    "csi-node-nonroot.yaml": (1001, NONE, True),  # the driver's own user
+    "csi-controller-flag.yaml": (65532, NONE, False),
+    "cosi.yaml": (0, DAC, False),
+    "cmi.yaml": (65532, NONE, False),  # TCP: no socket file to reach
+    "helm-rendered.yaml": (0, DAC, False),
+    "pod-list.yaml": (0, DAC, False),
+    "job-without-template-metadata.yaml": (0, DAC, False),
+    "kustomize-built.yaml": (0, DAC, False),
+}
+LEGACY = FIXTURES / "earlier" / "csi-node-env.wrapped.yaml"  # injected with a umask wrapper
 
 
 def run(
@@ -210,22 +230,131 @@ def test_node_plugin_registration_path_names_the_proxy_socket_on_the_host(
     env = env_of(registrar)
     host_path = env["DRIVER_REG_SOCK_PATH"]
     assert host_path == posixpath.join(pod.volume(volume)["hostPath"]["path"], rel)
-    # The host directory is given to the proxy's group before anything starts.
-    (prepare,) = pod.spec["initContainers"]
-    assert prepare["volumeMounts"][0]["name"] == volume
-    assert "chown 0:65532" in prepare["command"][-1]
-    assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
-    # A root driver creates its socket group-writable, or the proxy cannot connect.
-    driver = pod.container("acme")
-    assert driver["command"] == [*inject.UMASK_WRAPPER, "/bin/acme-csi"]
+    # A root proxy creates its socket in the root-owned host directory as it is.
+    assert "initContainers" not in pod.spec
 
 
-def test_emptydir_socket_needs_no_init_container_and_a_65532_driver_no_umask(
+def test_a_non_root_proxy_gets_the_host_directory_first(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pod = pods(injected_text(capsys, "csi-controller-flag.yaml"))["acme-csi-controller"]
-    assert "initContainers" not in pod.spec
-    assert "command" not in pod.container("driver")
+    pod = pods(injected_text(capsys, "csi-node-nonroot.yaml"))["info-csi-node"]
+    volume, _ = where(pod.container("plugproxy"), "/run/csi/csi.sock")
+    (prepare,) = pod.spec["initContainers"]
+    assert prepare["volumeMounts"][0] == {"name": volume, "mountPath": "/run/csi"}
+    assert "chown 0:65532 /run/csi && chmod 0770 /run/csi" in prepare["command"][-1]
+    assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in INJECTABLE if n != "cmi.yaml"))
+def test_the_driver_container_keeps_every_byte_but_its_socket_mount_name(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = (FIXTURES / name).read_text(encoding="utf-8")
+    code, out, err = run(capsys, "--image", IMAGE, str(FIXTURES / name))
+    assert code == 0, err
+    # No warning about how the driver starts: nothing about it changes.
+    assert "command" not in err and "umask" not in err
+    # Every line of the input is still there, but one: the driver's mount of the socket
+    # directory, now naming the private emptyDir. Its command, args, user: as they were.
+    lines = difflib.ndiff(source.splitlines(), out.splitlines())
+    removed = [line[2:] for line in lines if line.startswith("- ")]
+    (pod_name, (driver_name, _)), *_ = EXPECTED[name].items()
+    old_driver = pods(source)[pod_name].container(driver_name)
+    driver = pods(out)[pod_name].container(driver_name)
+    (old_mount,) = [m for m in old_driver["volumeMounts"] if m not in driver["volumeMounts"]]
+    assert len(removed) == 1 and old_mount["name"] in removed[0], removed
+    moved = [m for m in driver["volumeMounts"] if m["name"] == inject.INNER_VOLUME]
+    assert moved == [{**old_mount, "name": inject.INNER_VOLUME}]
+    assert {k: v for k, v in driver.items() if k != "volumeMounts"} == {
+        k: v for k, v in old_driver.items() if k != "volumeMounts"
+    }
+
+
+@pytest.mark.parametrize("name", INJECTABLE)
+def test_the_proxy_runs_as_the_drivers_user(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    uid, capabilities, prepares = IDENTITY[name]
+    (pod_name, _), *_ = EXPECTED[name].items()
+    pod = pods(injected_text(capsys, name))[pod_name]
+    sc = pod.container("plugproxy")["securityContext"]
+    assert sc["runAsUser"] == uid
+    assert sc["runAsNonRoot"] is (uid != 0)
+    assert sc["capabilities"] == capabilities
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Its socket's group is the pod's fsGroup, which every CO-side container has.
+    assert sc["runAsGroup"] == pod.spec.get("securityContext", {}).get("fsGroup", 65532)
+    names = [c["name"] for c in pod.spec.get("initContainers", [])]
+    assert (inject.PREPARE in names) is prepares
+
+
+def stated(container_sc: dict[str, Any] | None, pod_sc: dict[str, Any] | None) -> str:
+    """pod-list.yaml's pod with the driver's user stated in its container or its pod."""
+    doc = yaml.safe_load((FIXTURES / "pod-list.yaml").read_text())["items"][0]
+    if container_sc is not None:
+        doc["spec"]["containers"][0]["securityContext"] = container_sc
+    if pod_sc is not None:
+        doc["spec"]["securityContext"] = pod_sc
+    return yaml.safe_dump(doc)
+
+
+@pytest.mark.parametrize(
+    ("stdin", "args", "uid", "capabilities"),
+    [
+        # Root stated: root owns the socket, no capability needed.
+        (stated({"runAsUser": 0}, None), (), 0, NONE),
+        (stated(None, {"runAsUser": 0}), (), 0, NONE),
+        # The container's user wins over the pod's.
+        (stated({"runAsUser": 2000}, {"runAsUser": 0}), (), 2000, NONE),
+        (stated({"runAsUser": 0}, {"runAsUser": 2000}), (), 0, NONE),
+        (stated(None, {"runAsUser": 3000, "fsGroup": 3000}), (), 3000, NONE),
+        # --proxy-user overrides; root reaching another user's socket keeps DAC_OVERRIDE.
+        (stated(None, None), ("--proxy-user=65532",), 65532, NONE),
+        (stated({"runAsUser": 1001}, None), ("--proxy-user", "0"), 0, DAC),
+        (stated({"runAsUser": 0}, None), ("--proxy-user=0",), 0, NONE),
+    ],
+)
+def test_stated_users_and_the_override(
+    stdin: str,
+    args: tuple[str, ...],
+    uid: int,
+    capabilities: dict[str, list[str]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, *args, "-", stdin=stdin)
+    assert code == 0, err
+    pod = pods(out)["hostpath-csi"]
+    sc = pod.container("plugproxy")["securityContext"]
+    assert (sc["runAsUser"], sc["runAsNonRoot"], sc["capabilities"]) == (
+        uid,
+        uid != 0,
+        capabilities,
+    )
+    assert sc["runAsGroup"] == pod.spec["securityContext"]["fsGroup"]
+    code, removed, err = run(capsys, "--remove", "-", stdin=out)
+    assert (code, removed) == (0, stdin), err
+
+
+def test_proxy_user_over_a_host_directory_brings_the_init_container(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = injected_text(capsys, "csi-node-distroless.yaml", "--proxy-user=65532")
+    pod = pods(text)["lean-csi-node"]
+    assert pod.container("plugproxy")["securityContext"]["runAsUser"] == 65532
+    assert [c["name"] for c in pod.spec["initContainers"]] == [inject.PREPARE]
+
+
+def test_a_manifest_injected_with_the_umask_wrapper_still_removes_cleanly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = LEGACY.read_text(encoding="utf-8")
+    assert '"wrapped":true' in text and 'umask 0007 && exec "$0" "$@"' in text
+    # Injected already: left as it is...
+    code, out, err = run(capsys, "--image", IMAGE, "-", stdin=text)
+    assert (code, out) == (0, text), err
+    # ... and taken out, the driver's own command comes back, byte for byte.
+    code, out, err = run(capsys, "--remove", "-", stdin=text)
+    assert code == 0, err
+    assert out == (FIXTURES / "csi-node-env.yaml").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", INJECTABLE)
@@ -258,10 +387,6 @@ def test_proxy_container_probes_ports_grace_and_security(
         assert pod.annotations["prometheus.io/path"] == "/metrics"
         grace = duration(flags["--shutdown-grace"])
         assert grace < pod.spec.get("terminationGracePeriodSeconds", 30)
-        sc = proxy["securityContext"]
-        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
-        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"] == {"drop": ["ALL"]}
         tmp = next(m for m in proxy["volumeMounts"] if m["mountPath"] == "/tmp")
         assert "emptyDir" in pod.volume(tmp["name"])
         assert {"cpu", "memory"} <= set(proxy["resources"]["requests"])
@@ -435,6 +560,9 @@ def pod_doc(**changes: Any) -> str:
             "plugproxy.io/driver-container='nope' names no container",
         ),
         ("kind: Pod\nspec:\n  containers: [unclosed\n", (), "-: document 1 is not valid YAML"),
+        (pod_doc(), ("--proxy-user=root",), "--proxy-user 'root': expected a numeric UID"),
+        (pod_doc(), ("--proxy-user=-1",), "--proxy-user '-1': expected a numeric UID"),
+        (pod_doc(), ("--proxy-user=2147483648",), "expected a numeric UID, 0 to 2147483647"),
     ],
 )
 def test_bad_input_gets_one_line_and_exit_2(

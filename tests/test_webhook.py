@@ -133,10 +133,12 @@ def fail_closed(tmp_path: pathlib.Path) -> Iterator[Running]:
     yield from start(tmp_path, "--fail-closed")
 
 
-def cli_inject(pod: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def cli_inject(
+    pod: dict[str, Any], capsys: pytest.CaptureFixture[str], *extra: str
+) -> dict[str, Any]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("sys.stdin", io.StringIO(yaml.safe_dump(pod)))
-        assert cli.main(["inject", "--image", IMAGE, "-"]) == 0
+        assert cli.main(["inject", "--image", IMAGE, *extra, "-"]) == 0
     out, _ = capsys.readouterr()
     result: dict[str, Any] = yaml.safe_load(out)
     return result
@@ -170,6 +172,16 @@ def test_patch_applied_equals_plugproxy_inject(
     assert patched["spec"]["containers"][0]["name"] == "plugproxy"
     assert inject.RECORD in patched["metadata"]["annotations"]
     assert '"result":"injected"' in running.log.getvalue()
+
+
+def test_proxy_user_reaches_the_patch_as_it_does_inject(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for running in start(tmp_path, "--proxy-user", "65532"):
+        pod = REVIEW["request"]["object"]
+        patched = apply(pod, running.review(REVIEW))
+        assert patched == cli_inject(pod, capsys, "--proxy-user=65532")
+        assert patched["spec"]["containers"][0]["securityContext"]["runAsUser"] == 65532
 
 
 def test_a_pod_from_an_injected_template_is_left_alone(
@@ -320,6 +332,9 @@ def test_unusable_certificate_fails_at_startup(tmp_path: pathlib.Path) -> None:
         webhook.build_server(ns, Logger(io.StringIO()))
     ns = parser.parse_args(["--listen", "nope", "--tls-cert", "a", "--tls-key", "b"])
     with pytest.raises(ConfigError, match="--listen 'nope'"):
+        webhook.build_server(ns, Logger(io.StringIO()))
+    ns = parser.parse_args(["--proxy-user", "nobody", "--tls-cert", "a", "--tls-key", "b"])
+    with pytest.raises(ConfigError, match="--proxy-user 'nobody': expected a numeric UID"):
         webhook.build_server(ns, Logger(io.StringIO()))
 
 

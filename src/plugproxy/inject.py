@@ -14,6 +14,10 @@ mounts the original directory at the same path and listens where the driver used
 TCP the driver's port moves instead. Everything done is recorded in one annotation, which
 makes injection idempotent and ``--remove`` exact.
 
+The driver's container is never started differently: its command, arguments, user and
+image stay as they are. plugproxy reaches the driver's socket by identity instead, running
+as the driver's user (see :func:`proxy_identity`).
+
 Documents are edited with ruamel.yaml in round-trip mode; a document without a workload
 to change is written back as it was read, byte for byte.
 """
@@ -52,9 +56,11 @@ PREPARE = "plugproxy-prepare-socket-dir"
 INNER_VOLUME = "plugproxy-upstream"
 TMP_VOLUME = "plugproxy-tmp"
 ADMIN_PORT_NAME = "plugproxy-admin"
-UID = 65532
+UID = 65532  # plugproxy's image user, and the pod group it adds
+MAX_UID = 2**31 - 1
 DEFAULT_IMAGE = f"plugproxy:{__version__}"
-# `sh -c SCRIPT cmd args...`: $0 and $@ are the driver's own command, run unchanged.
+# What earlier versions put before a driver's command (record "wrapped": true); only
+# --remove still needs it, to restore such a driver's command.
 UMASK_WRAPPER = ["/bin/sh", "-c", 'umask 0007 && exec "$0" "$@"']
 PROMETHEUS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins/"  # where kubelet finds CSI node sockets
@@ -89,6 +95,7 @@ class InjectOptions:
     serve_args: tuple[str, ...] = ()
     driver_container: str | None = None
     spec: str | None = None  # None: told by the endpoint's spec family, else auto
+    proxy_user: int | None = None  # None: chosen from the driver's user
 
 
 @dataclass
@@ -389,11 +396,28 @@ def _free_admin_port(pod: MutableMapping[str, Any], start: int) -> int:
     return port
 
 
-def _run_as_user(pod: MutableMapping[str, Any], container: MutableMapping[str, Any]) -> Any:
+def run_as_user(pod: MutableMapping[str, Any], container: MutableMapping[str, Any]) -> int | None:
+    """The container's effective runAsUser, or None where the image decides."""
     for sc in (container.get("securityContext") or {}, pod.get("securityContext") or {}):
-        if "runAsUser" in sc:
-            return sc["runAsUser"]
+        value = sc.get("runAsUser")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
     return None
+
+
+def proxy_identity(driver_uid: int | None, chosen: int | None) -> tuple[int, list[str]]:
+    """(UID plugproxy runs as, capabilities it keeps) to reach the driver's socket.
+
+    Connecting to a UNIX socket needs write permission on it, and a driver creates its
+    socket with its own umask, usually 0755 owned by its user: only that user (or root
+    with DAC_OVERRIDE) can connect. So plugproxy runs as the driver's user. A driver whose
+    user the manifest does not state runs as whatever its image says, nearly always root
+    for CSI node drivers: plugproxy runs as root and keeps DAC_OVERRIDE, the one
+    capability that reaches a socket of any owner. Node drivers are privileged containers
+    already; the proxy gets nothing beyond what reaching the socket takes.
+    """
+    uid = chosen if chosen is not None else (driver_uid if driver_uid is not None else 0)
+    return uid, ["DAC_OVERRIDE"] if uid == 0 and driver_uid != 0 else []
 
 
 def _serve_flag(args: Sequence[str], flag: str) -> str | None:
@@ -468,19 +492,12 @@ def inject_pod(
         listen, upstream = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{new_port}"
         proxy_mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
 
-    # Socket access: plugproxy (UID 65532) must be able to write the driver's socket.
-    if p.loc[0] == "unix" and _run_as_user(pod, driver) != UID:
-        command = driver.get("command")
-        if command:
-            for i, word in enumerate(UMASK_WRAPPER):
-                command.insert(i, word)
-            record["wrapped"] = True
-        else:
-            outcome.warnings.append(
-                f"{who}: {driver['name']} sets no command to start it with umask 0007; make "
-                "its socket group-writable (a socket-mode flag, or run it as UID 65532), or "
-                "plugproxy's /readyz will say it cannot connect"
-            )
+    # Who plugproxy runs as: over a socket, the driver's user; over TCP nothing on disk is
+    # shared, and the image's own user will do.
+    if p.loc[0] == "unix":
+        proxy_uid, keep = proxy_identity(run_as_user(pod, driver), opts.proxy_user)
+    else:
+        proxy_uid, keep = (UID if opts.proxy_user is None else opts.proxy_user), []
 
     # The pod: group, grace period, annotations.
     security = pod.get("securityContext")
@@ -541,12 +558,14 @@ def inject_pod(
             "limits": {"cpu": "1", "memory": "256Mi"},
         },
         "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": UID,
+            "runAsNonRoot": proxy_uid != 0,
+            "runAsUser": proxy_uid,
+            # Its socket (--socket-mode 0660) belongs to the pod's group, which fsGroup
+            # gives every CO-side container, whatever user it runs as.
             "runAsGroup": run_group,
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": {"drop": ["ALL"], **({"add": keep} if keep else {})},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": proxy_mounts,
@@ -565,8 +584,9 @@ def inject_pod(
             )
         )
         socket_volume = next((v for v in volumes if v.get("name") == record["mount"][1]), None)
-        if socket_volume is not None and "hostPath" in socket_volume:
-            # kubelet creates the host directory root-owned 0755: give it to the proxy's group.
+        if socket_volume is not None and "hostPath" in socket_volume and proxy_uid != 0:
+            # kubelet creates the host directory root-owned 0755: a non-root proxy could not
+            # create its socket there, so give the directory to the proxy's group.
             target = posixpath.dirname(_unix_path(listen) or "")
             prepare = {
                 "name": PREPARE,
@@ -642,7 +662,7 @@ def remove_pod(
             driver["env"][index]["value"] = original
         else:
             driver[kind][index] = original
-    if record.get("wrapped"):
+    if record.get("wrapped"):  # injected by an earlier version
         del driver["command"][: len(UMASK_WRAPPER)]
     for key, names in (("initContainers", (PREPARE,)), ("volumes", (INNER_VOLUME, TMP_VOLUME))):
         for name in names:
@@ -835,6 +855,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", *SPEC_NAMES),
         help="spec the proxy decodes calls with (default: told by the endpoint)",
     )
+    parser.add_argument(
+        "--proxy-user",
+        metavar="UID",
+        help="UID plugproxy runs as (default: the driver's; root if the manifests do not say)",
+    )
     parser.add_argument("--remove", action="store_true", help="take injected plugproxy out again")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
@@ -860,10 +885,23 @@ def check_serve_args(serve_args: Sequence[str]) -> None:
             raise ConfigError(f"--serve-arg {flag}: inject sets it from the manifests")
 
 
+def parse_proxy_user(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) > MAX_UID:
+        raise ConfigError(f"--proxy-user {raw!r}: expected a numeric UID, 0 to {MAX_UID}")
+    return int(raw)
+
+
 def options_from(ns: argparse.Namespace) -> InjectOptions:
     check_serve_args(ns.serve_args)
     return InjectOptions(
-        ns.image, ns.validation, tuple(ns.serve_args), ns.driver_container, ns.spec
+        ns.image,
+        ns.validation,
+        tuple(ns.serve_args),
+        ns.driver_container,
+        ns.spec,
+        parse_proxy_user(ns.proxy_user),
     )
 
 

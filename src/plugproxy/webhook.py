@@ -326,6 +326,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spec the proxy decodes calls with (default: told by the endpoint)",
     )
     parser.add_argument(
+        "--proxy-user",
+        metavar="UID",
+        help="UID injected proxies run as (default: the driver's; root if the pod does not say)",
+    )
+    parser.add_argument(
         "--fail-closed",
         action="store_true",
         help="deny pods that opt in but cannot be injected, and bad requests",
@@ -344,7 +349,11 @@ def parse_listen(raw: str) -> tuple[str, int]:
 def build_server(ns: argparse.Namespace, logger: Logger) -> WebhookServer:
     inject.check_serve_args(ns.serve_args)
     options = inject.InjectOptions(
-        image=ns.image, validation=ns.validation, serve_args=tuple(ns.serve_args), spec=ns.spec
+        image=ns.image,
+        validation=ns.validation,
+        serve_args=tuple(ns.serve_args),
+        spec=ns.spec,
+        proxy_user=inject.parse_proxy_user(ns.proxy_user),
     )
     address = parse_listen(ns.listen)
     certificate = ServingCertificate(ns.tls_cert, ns.tls_key, logger)

@@ -1,20 +1,27 @@
 """An injected pod, run without a cluster: each volume is a directory, each container sees
-it at its mountPath, and the driver (the fake CSI plugin, started through the injected
-command wrapper), plugproxy (with the injected container's own args) and a CO-side client
-(at the address the CO container is given) talk over those paths end to end.
+it at its mountPath, and the driver (the fake CSI plugin, started as its container says:
+no wrapper, the usual umask 0022), plugproxy (with the injected container's own args, as
+the user and group it says) and a CO-side client (at the address the CO container is
+given, as a non-root user holding only the pod's fsGroup) talk over those paths end to end.
+
+Other users than the test's own need the test to run as root, and a Python they can run;
+where either is missing those cases are skipped, saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import pathlib
 import posixpath
 import re
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.error
@@ -32,11 +39,27 @@ from plugproxy.sockets import socket_answers
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "inject"
 ARG_VAR = re.compile(r"\$\((\w+)\)")
-# fixture: (workload, driver container, CO-side container)
+# fixture: (driver container, CO-side container)
 CASES = {
-    "csi-node-env.yaml": ("acme", "registrar"),
-    "csi-controller-flag.yaml": ("driver", "csi-provisioner"),
+    "csi-node-env.yaml": ("acme", "registrar"),  # user not stated: root proxy
+    "csi-node-distroless.yaml": ("lean", "node-driver-registrar"),  # no command either
+    "csi-controller-flag.yaml": ("driver", "csi-provisioner"),  # 65532
+    "csi-node-nonroot.yaml": ("info-driver", "registrar"),  # 1001, host directory
 }
+CO_UID = 4242  # a non-root CO sidecar: it reaches plugproxy only through the pod's group
+DRIVER_SCRIPT = "from plugproxy.fakes.cli import main; raise SystemExit(main())"
+CO_SCRIPT = """
+import asyncio, sys
+from plugproxy.fakes import SpecClient
+async def call():
+    client = SpecClient(sys.argv[1], "csi.v1")
+    try:
+        info = await client.call("GetPluginInfo")
+    finally:
+        await client.close()
+    print(info.name, info.vendor_version)
+asyncio.run(call())
+"""
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
@@ -49,10 +72,43 @@ def words(container: dict[str, Any]) -> list[str]:
     return [ARG_VAR.sub(lambda m: env.get(m[1], m[0]), w) for w in raw]
 
 
-def flag(container: dict[str, Any], name: str) -> str:
-    found = [w.split("=", 1)[1] for w in words(container) if w.startswith(name + "=")]
-    assert found, f"{container['name']} has no {name}"
+def flag(container: dict[str, Any], *names: str) -> str:
+    found = [w.split("=", 1)[1] for w in words(container) if w.split("=", 1)[0] in names]
+    assert found, f"{container['name']} has none of {names}"
     return found[0]
+
+
+@functools.cache
+def python_for(uid: int) -> tuple[str, str] | None:
+    """(interpreter, PYTHONPATH) with which `uid` can import plugproxy, or None: this Python
+    may live where only its owner can reach it, so another of the same version is tried."""
+    if uid == os.geteuid():
+        return sys.executable, str(ROOT / "src")
+    if os.geteuid() != 0:
+        return None
+    path = os.pathsep.join([str(ROOT / "src"), sysconfig.get_paths()["purelib"]])
+    version = "python{}.{}".format(*sys.version_info[:2])
+    places = [*os.get_exec_path(), "/usr/local/bin", "/usr/bin"]
+    found = (shutil.which(version, path=place) for place in places)
+    for exe in dict.fromkeys(os.path.realpath(e) for e in [sys.executable, *found] if e):
+        check = f"import sys, grpc, plugproxy.cli; assert sys.version[:4] == {sys.version[:4]!r}"
+        env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
+        try:
+            probe = subprocess.run(
+                [exe, "-s", "-c", check], env=env, user=uid, capture_output=True, check=False
+            )
+        except OSError:
+            continue  # not even executable for that user
+        if probe.returncode == 0:
+            return exe, path
+    return None
+
+
+def as_user(uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
+    """What kubelet gives a container: its user, its group, the pod's fsGroup."""
+    if uid == os.geteuid() and gid == os.getegid():
+        return {}
+    return {"user": uid, "group": gid, "extra_groups": groups}
 
 
 class PodOnDisk:
@@ -61,8 +117,24 @@ class PodOnDisk:
     def __init__(self, spec: dict[str, Any], root: pathlib.Path) -> None:
         self.spec = spec
         self.root = root
+        self.fs_group = int(spec.get("securityContext", {}).get("fsGroup", os.getegid()))
+        root.chmod(0o755)
         for volume in spec["volumes"]:
-            (root / volume["name"]).mkdir()
+            path = root / volume["name"]
+            path.mkdir()
+            if "emptyDir" in volume:
+                # kubelet: world-writable, and with fsGroup set-group-ID to that group.
+                os.chown(path, -1, self.fs_group)
+                path.chmod(0o2777)
+            else:
+                path.chmod(0o755)  # hostPath DirectoryOrCreate: root's, 0755
+        for init in spec.get("initContainers", []):
+            # What the prepare-socket-dir container does to the directory it mounts.
+            assert init["name"] == inject.PREPARE
+            assert f"chown 0:{self.fs_group}" in init["command"][-1]
+            path = root / init["volumeMounts"][0]["name"]
+            os.chown(path, 0, self.fs_group)
+            path.chmod(0o770)
 
     def container(self, name: str) -> dict[str, Any]:
         return next(c for c in self.spec["containers"] if c["name"] == name)
@@ -88,9 +160,10 @@ def short_tmp() -> Iterator[pathlib.Path]:
 
 
 def injected_pod(name: str, workload_driver: str) -> dict[str, Any]:
-    text, _ = inject.transform_text(
+    text, warnings = inject.transform_text(
         (FIXTURES / name).read_text(encoding="utf-8"), name, inject.InjectOptions()
     )
+    assert warnings == []
     (doc,) = [d for d in yaml.safe_load_all(text) if d]
     spec: dict[str, Any] = doc["spec"]["template"]["spec"]
     assert any(c["name"] == workload_driver for c in spec["containers"])
@@ -126,14 +199,34 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
     spec = injected_pod(name, driver_name)
     pod = PodOnDisk(spec, short_tmp)
     driver, proxy, co = (pod.container(n) for n in (driver_name, "plugproxy", co_name))
+    original = yaml.safe_load((FIXTURES / name).read_text(encoding="utf-8"))
+    original_driver = next(
+        c for c in original["spec"]["template"]["spec"]["containers"] if c["name"] == driver_name
+    )
+    assert driver.get("command") == original_driver.get("command")  # started as it always was
+
+    # Each process as its container says: the driver as its stated user (else the image's,
+    # root), plugproxy as the injected runAsUser/runAsGroup; all with the pod's fsGroup.
+    driver_sc = driver.get("securityContext", {})
+    driver_uid = inject.run_as_user(spec, driver)
+    driver_uid = os.geteuid() if driver_uid is None else driver_uid
+    proxy_sc = proxy["securityContext"]
+    users = {
+        "driver": (driver_uid, int(driver_sc.get("runAsGroup", pod.fs_group))),
+        "plugproxy": (int(proxy_sc["runAsUser"]), int(proxy_sc["runAsGroup"])),
+        "CO side": (CO_UID, CO_UID),
+    }
+    pythons = {}
+    for who, (uid, _) in users.items():
+        found = python_for(uid)
+        if found is None and who == "CO side":
+            continue  # the test's own user dials instead
+        if found is None:
+            pytest.skip(f"cannot run the {who} as UID {uid}: needs root and a Python it can run")
+        pythons[who] = found
 
     # The driver listens where its own flags say, seen through its own mounts.
-    endpoint = flag(driver, "--endpoint")
-    driver_sock = pod.host_path(driver, endpoint)
-    fake = [sys.executable, "-m", "plugproxy.fakes.cli", "--spec", "csi.v1"]
-    fake += ["--listen", f"unix://{driver_sock}"]
-    # Started through the command wrapper inject gave it, if any (umask for the socket).
-    wrapper = driver.get("command", [])[:3] if driver.get("command", [])[:1] == ["/bin/sh"] else []
+    driver_sock = pod.host_path(driver, flag(driver, "--endpoint", "--csi-endpoint"))
     # The proxy runs with the container's args; only the admin port is made free locally,
     # and the socket paths are mapped to where its mounts put them.
     admin_port = free_port()
@@ -147,32 +240,72 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
         else:
             args.append(word)
     procs: list[asyncio.subprocess.Process] = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+    async def start(who: str, *argv: str) -> None:
+        exe, path = pythons[who]
+        uid, gid = users[who]
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                exe,
+                "-s",
+                *argv,
+                env={**os.environ, "PYTHONPATH": path},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                umask=0o022,  # what a container gets when nobody sets one
+                **as_user(uid, gid, [pod.fs_group]),
+            )
+        )
+
     try:
-        quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        procs.append(await asyncio.create_subprocess_exec(*wrapper, *fake, **quiet))
-        proxy_cmd = [sys.executable, "-m", "plugproxy", *args]
-        procs.append(await asyncio.create_subprocess_exec(*proxy_cmd, **quiet))
+        await start(
+            "driver", "-c", DRIVER_SCRIPT, "--spec", "csi.v1", "--listen", f"unix://{driver_sock}"
+        )
+        await start("plugproxy", "-m", "plugproxy", *args)
         co_sock = pod.host_path(co, flag(co, "--csi-address"))
         await wait_for(lambda: socket_answers(str(driver_sock), 0.2), "driver socket", procs)
         await wait_for(lambda: socket_answers(str(co_sock), 0.2), "proxy socket", procs)
+        # The driver's socket is as its umask made it: only its owner may connect.
+        driver_stat = driver_sock.stat()
+        assert stat.S_IMODE(driver_stat.st_mode) & 0o022 == 0
+        assert driver_stat.st_uid == users["driver"][0]
+        # plugproxy's own socket is 0660 and the pod group's, which the CO side has.
+        proxy_stat = co_sock.stat()
+        assert stat.S_IMODE(proxy_stat.st_mode) == 0o660
+        assert proxy_stat.st_gid == pod.fs_group
         # The CO side reaches plugproxy, and only plugproxy: the driver's socket is not in
         # any directory the CO container mounts.
         assert co_sock.parent != driver_sock.parent
         assert not (co_sock.parent / driver_sock.name).samefile(driver_sock)
-        if wrapper:
-            assert stat.S_IMODE(driver_sock.stat().st_mode) & 0o070 == 0o070
-        client = SpecClient(f"unix:{co_sock}", "csi.v1")
-        try:
-            info = await client.call("GetPluginInfo")
-        finally:
-            await client.close()
-        assert info.name and info.vendor_version
+        if "CO side" in pythons:
+            exe, path = pythons["CO side"]
+            call = await asyncio.create_subprocess_exec(
+                exe,
+                "-s",
+                "-c",
+                CO_SCRIPT,
+                f"unix:{co_sock}",
+                env={**os.environ, "PYTHONPATH": path},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                **as_user(CO_UID, CO_UID, [pod.fs_group]),
+            )
+            out, err = await asyncio.wait_for(call.communicate(), 30)
+            assert call.returncode == 0, err.decode()
+            assert out.split()[0] == b"csi.fake.plugproxy.io"
+        else:
+            client = SpecClient(f"unix:{co_sock}", "csi.v1")
+            try:
+                info = await client.call("GetPluginInfo")
+            finally:
+                await client.close()
+            assert info.name and info.vendor_version
         # kubelet's readiness probe, on the injected admin port path.
         await wait_for(lambda: ready(admin_port), "/readyz 200", procs)
     finally:
         for proc in procs:
-            proc.terminate()
+            if proc.returncode is None:
+                proc.terminate()
         for proc in procs:
             try:
                 await asyncio.wait_for(proc.wait(), 10)
