@@ -14,7 +14,9 @@ import io
 import json
 import os
 import pathlib
+import socket
 import ssl
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -299,6 +301,23 @@ def test_health_and_unknown_paths(running: Running) -> None:
     assert running.request("GET", "/healthz") == (200, b"ok\n")
     assert running.request("GET", "/other")[0] == 404
     assert running.request("POST", "/other", b"{}")[0] == 404
+
+
+def test_a_client_gone_mid_request_costs_one_log_line_not_a_traceback(
+    running: Running, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ctx = ssl.create_default_context()
+    running.ca.configure_trust(ctx)
+    port = running.server.server_address[1]
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            tls = ctx.wrap_socket(raw, server_hostname="localhost")
+            # A request line the server refuses (400), and gone before the answer is written.
+            tls.sendall(b"GARBAGE / HTTP/1.1\r\n\r\n")
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            tls.close()
+    assert running.request("GET", "/healthz") == (200, b"ok\n")  # still serving
+    assert "Traceback" not in capfd.readouterr().err
 
 
 # ------------------------------------------------------------------------ certificates

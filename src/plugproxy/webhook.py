@@ -283,6 +283,17 @@ class WebhookServer(ThreadingHTTPServer):
         )
         return wrapped, addr
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr; a client gone mid-answer is routine
+        # (one debug line), anything else is one structured error line.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, ssl.SSLError, TimeoutError)):
+            self.logger.debug("client went away", peer=str(client_address[0]), error=str(exc))
+        else:
+            self.logger.error(
+                "request failed", peer=str(client_address[0]), error=f"{type(exc).__name__}: {exc}"
+            )
+
 
 # ------------------------------------------------------------------------ command line
 
