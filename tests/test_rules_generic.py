@@ -501,12 +501,22 @@ async def test_map_order_does_not_hide_a_retry(driver):
 
 
 async def test_the_plugins_ok_to_the_retry_forgets_the_refusal(driver):
-    request = v1("ControllerGetVolumeRequest", volume_id="v")
-    await driver.call("csi.v1", "ControllerGetVolume", request, code=grpc.StatusCode.UNIMPLEMENTED)
+    request = v1("NodeUnpublishVolumeRequest", volume_id="v", target_path=TARGET)
+    await driver.call("csi.v1", "NodeUnpublishVolume", request, code=grpc.StatusCode.UNIMPLEMENTED)
     assert ("retry-without-change", "co") in await driver.call(
-        "csi.v1", "ControllerGetVolume", request
+        "csi.v1", "NodeUnpublishVolume", request
     )
-    assert generic(await driver.call("csi.v1", "ControllerGetVolume", request)) == []
+    assert generic(await driver.call("csi.v1", "NodeUnpublishVolume", request)) == []
+
+
+async def test_a_read_only_call_polled_after_unimplemented_is_not_a_retry(driver):
+    # kubelet polls NodeGetVolumeStats every minute, a health monitor ControllerGetVolume:
+    # the next poll is a new read, not a retry of the refused one.
+    stats = v1("NodeGetVolumeStatsRequest", volume_id="v", volume_path=TARGET)
+    get = v1("ControllerGetVolumeRequest", volume_id="v")
+    for rpc, request in (("NodeGetVolumeStats", stats), ("ControllerGetVolume", get)):
+        await driver.call("csi.v1", rpc, request, code=grpc.StatusCode.UNIMPLEMENTED)
+        assert generic(await driver.call("csi.v1", rpc, request)) == []
 
 
 @pytest.mark.parametrize(
@@ -1264,3 +1274,157 @@ async def test_a_real_controller_plugin_without_validate_volume_capabilities(tmp
             )
         rules = {(e["rule"], e["party"]) for e in stage_of(proxy).report.snapshot()}
     assert ("csi.unimplemented-advertised", "plugin") in rules
+
+
+# == retry-unfixed ===============================================================================
+
+OUT_OF_RANGE = grpc.StatusCode.OUT_OF_RANGE
+UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED
+
+
+def unfixed(violations: list[tuple[str, str]]) -> bool:
+    return ("retry-unfixed", "co") in violations
+
+
+async def test_a_retry_after_out_of_range_keeping_the_capacity_range(driver):
+    size = {"required_bytes": 1 << 40}
+    await driver.call(
+        "csi.v1", "CreateVolume", create_request(capacity_range=size), code=OUT_OF_RANGE
+    )
+    other_params = create_request(capacity_range=size, parameters={"tier": "fast"})
+    got = await driver.call("csi.v1", "CreateVolume", other_params, code=OUT_OF_RANGE)
+    assert unfixed(got) and ("retry-without-change", "co") not in got
+    (text,) = messages(driver.last, "retry-unfixed")
+    assert text.startswith("CreateVolume called again for the same volume-name")
+    assert "(capacity_range unchanged)" in text and "OUT_OF_RANGE" in text
+    assert "MUST fix the capacity range" in text and "pvc-1" not in text and "fast" not in text
+    # the fix: another capacity range, though the parameters stay as they were
+    fixed = create_request(capacity_range={"required_bytes": 1 << 30}, parameters={"tier": "fast"})
+    assert not unfixed(await driver.call("csi.v1", "CreateVolume", fixed))
+    # the OK ended the refusal: the old range is a new request now
+    slow = create_request(capacity_range=size, parameters={"tier": "slow"})
+    assert generic(got := await driver.call("csi.v1", "CreateVolume", slow)) == []
+    assert not unfixed(got)
+
+
+async def test_an_identical_retry_is_retry_without_change_only(driver):
+    request = create_request(capacity_range={"required_bytes": 1 << 40})
+    await driver.call("csi.v1", "CreateVolume", request, code=OUT_OF_RANGE)
+    got = await driver.call("csi.v1", "CreateVolume", request)
+    assert ("retry-without-change", "co") in got and not unfixed(got)
+
+
+async def test_expansion_out_of_range_and_node_expand_in_use(driver):
+    def expand(size: int, **extra: Any) -> Any:
+        return v1(
+            "ControllerExpandVolumeRequest",
+            volume_id="v",
+            capacity_range={"required_bytes": size},
+            **extra,
+        )
+
+    await driver.call("csi.v1", "ControllerExpandVolume", expand(50), code=OUT_OF_RANGE)
+    rotated = expand(50, secrets={"token": "new"})
+    assert unfixed(await driver.call("csi.v1", "ControllerExpandVolume", rotated))
+    assert "token" not in messages(driver.last, "retry-unfixed")[0]
+    await driver.call("csi.v1", "ControllerExpandVolume", expand(70), code=OUT_OF_RANGE)
+    assert not unfixed(await driver.call("csi.v1", "ControllerExpandVolume", expand(60)))
+
+    # "Volume in use" (FAILED_PRECONDITION): "Caller MUST NOT retry", with any change
+    node = v1("NodeExpandVolumeRequest", volume_id="v", volume_path=TARGET)
+    await driver.call("csi.v1", "NodeExpandVolume", node, code=grpc.StatusCode.FAILED_PRECONDITION)
+    bigger = v1(
+        "NodeExpandVolumeRequest",
+        volume_id="v",
+        volume_path=TARGET,
+        capacity_range={"required_bytes": 1 << 30},
+    )
+    assert unfixed(await driver.call("csi.v1", "NodeExpandVolume", bigger))
+    assert messages(driver.last, "retry-unfixed")[0].endswith("the caller MUST NOT retry")
+    # another volume's expansion is no retry
+    other = v1("NodeExpandVolumeRequest", volume_id="w", volume_path=TARGET + "2")
+    assert not unfixed(await driver.call("csi.v1", "NodeExpandVolume", other))
+
+
+async def test_a_call_for_the_same_object_after_unimplemented(driver):
+    def unpublish(path: str, volume: str = "v") -> Any:
+        return v1("NodeUnpublishVolumeRequest", volume_id=volume, target_path=path)
+
+    await driver.call("csi.v1", "NodeUnpublishVolume", unpublish(TARGET), code=UNIMPLEMENTED)
+    assert unfixed(await driver.call("csi.v1", "NodeUnpublishVolume", unpublish(STAGE)))
+    # a first call for another volume, or another answer first, is not judged
+    assert not unfixed(await driver.call("csi.v1", "NodeUnpublishVolume", unpublish(TARGET, "w")))
+    await driver.call("csi.v1", "NodeUnpublishVolume", unpublish(TARGET, "x"), code=UNIMPLEMENTED)
+    await driver.call(
+        "csi.v1", "NodeUnpublishVolume", unpublish(STAGE, "x"), code=grpc.StatusCode.INTERNAL
+    )
+    assert not unfixed(
+        await driver.call("csi.v1", "NodeUnpublishVolume", unpublish(TARGET + "2", "x"))
+    )
+    # RPCs naming no object are not judged: another caller may list for itself
+    await driver.call("csi.v1", "ListVolumes", code=UNIMPLEMENTED, max_entries=5)
+    assert not unfixed(await driver.call("csi.v1", "ListVolumes", max_entries=10))
+    # rows whose recovery names no field: any change may be the fix
+    await driver.call(
+        "csi.v1", "NodeStageVolume", stage_request(), code=grpc.StatusCode.ALREADY_EXISTS
+    )
+    assert not unfixed(
+        await driver.call("csi.v1", "NodeStageVolume", stage_request(publish_context={"a": "b"}))
+    )
+
+
+async def test_retry_unfixed_in_csi_v0_cosi_and_cmi():
+    d = Driver()
+    d.caps("csi.v0", "controller", "CREATE_DELETE_VOLUME")
+    d.caps("csi.v0", "plugin")
+    delete = v0("DeleteVolumeRequest", volume_id="v")
+    await d.call("csi.v0", "DeleteVolume", delete, code=UNIMPLEMENTED)
+    again = v0("DeleteVolumeRequest", volume_id="v", controller_delete_secrets={"k": "s"})
+    assert unfixed(await d.call("csi.v0", "DeleteVolume", again))
+    # v0.3's ValidateVolumeCapabilities has no UNIMPLEMENTED row
+    validate_req = v0(
+        "ValidateVolumeCapabilitiesRequest", volume_id="v", volume_capabilities=[mount()]
+    )
+    await d.call("csi.v0", "ValidateVolumeCapabilities", validate_req, code=UNIMPLEMENTED)
+    validate_ro = v0(
+        "ValidateVolumeCapabilitiesRequest",
+        volume_id="v",
+        volume_capabilities=[mount("SINGLE_NODE_READER_ONLY")],
+    )
+    assert not unfixed(await d.call("csi.v0", "ValidateVolumeCapabilities", validate_ro))
+    await d.call("cosi.v1alpha1", "DriverDeleteBucket", code=UNIMPLEMENTED, bucket_id="b")
+    got = await d.call(
+        "cosi.v1alpha1", "DriverDeleteBucket", bucket_id="b", delete_context={"k": "v"}
+    )
+    assert unfixed(got)
+    await d.call("cmi.v1", "DeleteMachine", code=UNIMPLEMENTED, MachineName="m-1")
+    assert unfixed(await d.call("cmi.v1", "DeleteMachine", MachineName="m-1", Secrets={"k": b"v"}))
+
+
+async def test_an_unfixed_retry_is_forgotten_after_ten_minutes_and_memory_is_bounded(clocked):
+    d, clock = clocked
+    request = create_request(capacity_range={"required_bytes": 1 << 40})
+    await d.call("csi.v1", "CreateVolume", request, code=OUT_OF_RANGE)
+    clock.now += 601
+    changed = create_request(capacity_range={"required_bytes": 1 << 40}, parameters={"a": "b"})
+    assert not unfixed(await d.call("csi.v1", "CreateVolume", changed))
+    mem = d.stage._plans[d.paths[("csi.v1", "CreateVolume")]].memory
+    assert mem.unfixed.maxsize == mem.refused.maxsize
+
+
+async def test_a_real_co_changing_a_retry_but_not_the_capacity_range(tmp_path):
+    knobs = FakeKnobs(failures={"ControllerExpandVolume": FailureRule(OUT_OF_RANGE)})
+    async with through_proxy("csi.v1", tmp_path, knobs=knobs) as (client, proxy):
+        for secret in ("one", "two"):
+            with pytest.raises(grpc.aio.AioRpcError):
+                await client.call(
+                    "ControllerExpandVolume",
+                    volume_id="vol-x",
+                    capacity_range={"required_bytes": 1 << 40},
+                    secrets={"token": secret},
+                )
+        found_rules = {
+            (e["rule"], e["party"], e["count"]) for e in stage_of(proxy).report.snapshot()
+        }
+    assert ("csi.retry-unfixed", "co", 1) in found_rules
+    assert not any(r == "csi.retry-without-change" for r, _, _ in found_rules)

@@ -234,7 +234,7 @@ RULES = (
 # retry" (UNIMPLEMENTED). The per-RPC tables agree (no automatic retry) and carry no MUST.
 FIX_FIRST = {
     "INVALID_ARGUMENT": FixFirst("MUST fix or remove the invalid field before retrying"),
-    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
 }
 
 # "This operation MUST be idempotent" (CreateMachine, DeleteMachine, ShutDownMachine).

@@ -197,7 +197,7 @@ RULES = (
 # table's "MISSING_ARGUMENT" and INVALID_ARGUMENT), "Caller MUST NOT retry" (UNIMPLEMENTED).
 FIX_FIRST = {
     "INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying"),
-    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
 }
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "DriverCreateBucket": {

@@ -431,6 +431,21 @@ def generic_rules(
             " queries) are not judged: independent callers send the same bytes.",
         ),
         Rule(
+            f"{family}.retry-unfixed",
+            MUST,
+            (CO,),
+            f"{title} §Error Scheme",
+            f"After an answer whose recovery says the {caller} MUST NOT retry, or MUST fix a"
+            f" field it names first (the capacity range), the {caller} called the same RPC for"
+            " the same object again within 10 minutes: at all, or with that field unchanged.",
+            reject_code=None,
+            note="The object is the one the call is about (its volume, snapshot, bucket or"
+            " machine; a CreateVolume's name). An identical re-send is retry-without-change"
+            " instead. RPCs naming no object and requests without fields are not judged:"
+            " another caller may make the same call. Any other answer for the object ends"
+            " the refusal; calls through another replica are not seen and never count.",
+        ),
+        Rule(
             f"{family}.retry-while-pending",
             SHOULD,
             (CO,),

@@ -200,14 +200,16 @@ SERVICES: dict[str, ServiceNeeds] = {
 # §Error Scheme recovery: "Caller MUST fix the request/field before retrying". v0.3 has no
 # general UNIMPLEMENTED row; the RPCs whose tables have one say "Caller MUST NOT retry".
 FIX_FIRST = {"INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying")}
-_NO_RETRY = FixFirst("MUST NOT retry")
+_NO_RETRY = FixFirst("MUST NOT retry", must_change=())
 _ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
 _ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
 
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "CreateVolume": {
         "ALREADY_EXISTS": _ARGUMENTS_OR_NAME,
-        "OUT_OF_RANGE": FixFirst("MUST fix the capacity range before retrying"),
+        "OUT_OF_RANGE": FixFirst(
+            "MUST fix the capacity range before retrying", must_change=("capacity_range",)
+        ),
         "UNIMPLEMENTED": _NO_RETRY,
     },
     "DeleteVolume": {"UNIMPLEMENTED": _NO_RETRY},

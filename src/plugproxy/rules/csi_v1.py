@@ -314,11 +314,11 @@ SERVICES: dict[str, ServiceNeeds] = {
 # UNAUTHENTICATED are fixed outside the request; ABORTED is retried as is.
 FIX_FIRST = {
     "INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying"),
-    "UNIMPLEMENTED": FixFirst("MUST NOT retry"),
+    "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
 }
 _ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
 _ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
-_RANGE = FixFirst("MUST fix the capacity range before retrying")
+_RANGE = FixFirst("MUST fix the capacity range before retrying", must_change=("capacity_range",))
 
 # The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
 # recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
@@ -340,7 +340,7 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     },
     "NodeExpandVolume": {
         "INVALID_ARGUMENT": None,  # "MAY verify volume capabilities ... and retry"
-        "FAILED_PRECONDITION": FixFirst("MUST NOT retry"),
+        "FAILED_PRECONDITION": FixFirst("MUST NOT retry", must_change=()),
         "OUT_OF_RANGE": _RANGE,
     },
     "CreateVolumeGroupSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},

@@ -128,6 +128,10 @@ class FixFirst:
     recovery: str  # the row's recovery, for messages ("MUST fix the capacity range ...")
     # The row's condition as the proxy sees it, (state, request) -> applies; None: always.
     when: Callable[[SpecState, Any], bool] | None = None
+    # Request fields the recovery names to change before a retry for the same object: a
+    # retry keeping them all is retry-unfixed; () when no retry is allowed at all; None
+    # when the row names none (any change may be the fix: only identical re-sends judged).
+    must_change: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

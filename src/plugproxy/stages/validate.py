@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 from cachetools import TTLCache
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from prometheus_client import Counter
 
@@ -57,7 +57,7 @@ from plugproxy.rules.engine import (
     Violation,
     compile_table,
 )
-from plugproxy.rules.memory import ago, digest
+from plugproxy.rules.memory import ago, digest, parts_digest
 from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
 
@@ -134,6 +134,11 @@ class GenericMemory:
         self.changed: TTLCache[str, tuple[str, bytes, float]] = TTLCache(
             st.max_volumes, REPEAT_TTL, st.clock
         )
+        # (rpc, object key) -> (code, when, digest of the fields the row names): answers
+        # whose recovery forbids any retry for the object, or one keeping those fields.
+        self.unfixed: TTLCache[tuple[str, str], tuple[str, float, bytes]] = TTLCache(
+            st.max_volumes, RETRY_TTL, st.clock
+        )
         # service -> (rpc, when) of its last OK answer; a handful of services.
         self.served: dict[str, tuple[str, float]] = {}
         # object key -> calls naming it received and not yet answered; only keys in flight
@@ -157,6 +162,7 @@ class GenericMemory:
         if self.clock() < self.refused_until:
             return True
         self.refused.clear()
+        self.unfixed.clear()
         self.refused_until = 0.0
         return False
 
@@ -205,6 +211,19 @@ def request_digest(call: Call) -> bytes | None:
     found = digest(data)
     call.stage_state[_DIGEST] = found
     return found
+
+
+def fields_digest(message: Any, names: tuple[str, ...]) -> bytes:
+    """A digest of some fields of a request, to tell whether a retry changed them."""
+    if not names:
+        return b""
+    values = (getattr(message, name) for name in names)
+    return parts_digest(
+        *(
+            v.SerializeToString(deterministic=True) if isinstance(v, Message) else repr(v).encode()
+            for v in values
+        )
+    )
 
 
 def status_problem(raw: str) -> str:
@@ -438,6 +457,11 @@ class ValidateStage(Stage):
                 fix_first.pop(code, None)
             else:
                 fix_first[code] = row
+        if t.state_changes and rpc not in t.state_changes:
+            # A read-only call the CO makes on a schedule (kubelet's NodeGetVolumeStats every
+            # minute, a health monitor's ControllerGetVolume) is polled again, not retried:
+            # "MUST NOT retry" after UNIMPLEMENTED is not judged for it.
+            fix_first.pop("UNIMPLEMENTED", None)
         return _Plan(
             spec=cs,
             state=state,
@@ -549,7 +573,7 @@ class ValidateStage(Stage):
         mem = plan.memory
         entry = mem.refused.get((plan.rpc, digest))
         if entry is None:
-            return None
+            return self._unfixed(plan, call) if mem.unfixed else None
         code, when = entry
         row = plan.fix_first.get(code)
         recovery = row.recovery if row is not None else "MUST change the request first"
@@ -559,6 +583,36 @@ class ValidateStage(Stage):
             f"{plan.rpc} re-sent unchanged; the plugin answered the same request {code}"
             f" {ago(mem.clock() - when)}, and then the caller {recovery}",
         )
+
+    @staticmethod
+    def _unfixed(plan: _Plan, call: Call) -> Violation | None:
+        """The CO calls again for an object after an answer whose recovery forbids any retry
+        for it, or one keeping the fields the recovery names; not an identical re-send."""
+        rule = plan.spec.find("retry-unfixed")
+        req = call.request.message if call.request is not None else None
+        if rule is None or req is None or not plan.primary:
+            return None
+        mem = plan.memory
+        for key in keys_of(call):
+            entry = mem.unfixed.get((plan.rpc, key)) if key.startswith(plan.primary) else None
+            if entry is None:
+                continue
+            code, when, kept = entry
+            row = plan.fix_first.get(code)
+            if row is None or row.must_change is None:
+                continue
+            if fields_digest(req, row.must_change) != kept:
+                continue
+            names = ", ".join(row.must_change)
+            unchanged = f" ({names} unchanged)" if names else ""
+            return Violation(
+                rule,
+                names,
+                f"{plan.rpc} called again for the same {plan.primary[:-1]}{unchanged}; the"
+                f" plugin answered {code} for it {ago(mem.clock() - when)}, and then the"
+                f" caller {row.recovery}",
+            )
+        return None
 
     def _remember_accepted(self, plan: _Plan, call: Call, found: list[Violation]) -> None:
         """Audited request violations whose spec prescribes the plugin's answer: an OK to
@@ -835,15 +889,26 @@ class ValidateStage(Stage):
                 digest = request_digest(call)
                 assert digest is not None
                 plan.memory.refuse((plan.rpc, digest), code)
+                if row.must_change is not None and req is not None and plan.primary:
+                    kept = fields_digest(req, row.must_change)
+                    now = plan.memory.clock()
+                    for key in keys_of(call):
+                        if key.startswith(plan.primary):
+                            plan.memory.unfixed[(plan.rpc, key)] = (code, now, kept)
                 return
         if plan.memory.refused_until:
             self._forget_refusal(plan, call)
 
     @staticmethod
     def _forget_refusal(plan: _Plan, call: Call) -> None:
+        mem = plan.memory
         digest = call.stage_state.get(_DIGEST)  # hashed at request time if it could match
         if digest is not None:
-            plan.memory.refused.pop((plan.rpc, digest), None)
+            mem.refused.pop((plan.rpc, digest), None)
+        if mem.unfixed and plan.primary:  # another answer for the object ends its refusal
+            for key in keys_of(call):
+                if key.startswith(plan.primary):
+                    mem.unfixed.pop((plan.rpc, key), None)
 
     @staticmethod
     def _objects(plan: _Plan, call: Call) -> tuple[str, ...]:
