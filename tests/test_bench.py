@@ -163,9 +163,9 @@ def test_rulecost_keeps_rule_memory_within_its_bound(capsys: pytest.CaptureFixtu
 def test_listandwatch_soak_script_holds_the_stream() -> None:
     soak = _load("listandwatch_soak")
     ns = soak.argparse.Namespace(
-        duration=1.0, period=0.001, sample_every=0.5, keep=False, json=None
+        duration=2.0, period=0.001, sample_every=0.5, keep=False, json=None
     )
     report = asyncio.run(soak.soak(ns))
     assert report["stream_state_at_end"] == "OK"
-    assert report["updates"] > 100
+    assert report["updates"] > 50  # thousands when idle; a loaded machine is slower
     assert report["proxy_counted_messages"] >= report["updates"]
