@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import grpc
 from google.protobuf import json_format
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from plugproxy import serve  # noqa: E402
-from plugproxy.api import Call, LazyMessage  # noqa: E402
+from plugproxy.api import Call, LazyMessage, StatusCode  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
 from plugproxy.rules.state import MAX_OBJECTS, SpecState  # noqa: E402
 from plugproxy.stages import validate  # noqa: E402
@@ -68,7 +67,7 @@ CAPS = {
 
 
 # One call ready to judge: method path, request bytes, response bytes, the answer's code.
-Prepared = tuple[str, bytes, bytes | None, grpc.StatusCode]
+Prepared = tuple[str, bytes, bytes | None, StatusCode]
 
 
 class Driver:
@@ -118,7 +117,7 @@ class Driver:
         path: str,
         request: dict[str, Any],
         response: dict[str, Any] | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
+        code: StatusCode = StatusCode.OK,
     ) -> None:
         prepared = self.prepare(path, request, response, code)
         if self.sink is not None:  # preparing: the run judges them later, timed
@@ -131,7 +130,7 @@ class Driver:
         path: str,
         request: dict[str, Any],
         response: dict[str, Any] | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
+        code: StatusCode = StatusCode.OK,
     ) -> Prepared:
         answer = None if response is None else self.message(path, "response", response)
         return path, self.message(path, "request", request), answer, code
@@ -144,12 +143,12 @@ class Driver:
         pending = self.stage.on_start(call)
         if pending is not None:
             await pending
-        if response is not None and code is grpc.StatusCode.OK:
+        if response is not None and code is StatusCode.OK:
             call.response = LazyMessage(response, method.response_class)
             call.response_count = 1
             self.stage.on_response(call, call.response)
         call.code = code
-        if code is not grpc.StatusCode.OK:
+        if code is not StatusCode.OK:
             call.details = "operation pending for the volume"
         self.stage.on_finish(call)
         self.calls += 1
@@ -186,7 +185,7 @@ class Driver:
         node = {"volumeId": vid, "volumeCapability": cap, "volumeContext": ctx}
         node["publishContext"] = {"dev": "/dev/sdb"}
         staging = {**node, "stagingTargetPath": stage_path}
-        aborted = grpc.StatusCode.ABORTED
+        aborted = StatusCode.ABORTED
         await self.call(f"/{PKG}.Node/NodeStageVolume", staging, None, aborted)
         await self.call(f"/{PKG}.Node/NodeStageVolume", staging, {})
         publish = {**node, "stagingTargetPath": stage_path, "targetPath": target}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from plugproxy.api import CallKind, LazyMessage
+import grpc
+
+from plugproxy.api import CallKind, LazyMessage, Reject, StatusCode
 from plugproxy.registry import load_spec
 
 CSI = load_spec("csi.v1")
@@ -45,3 +47,14 @@ def test_unknown_type_is_never_decoded():
 def test_call_kind_properties():
     assert CallKind.UNARY_STREAM.unary_request and not CallKind.UNARY_STREAM.unary_response
     assert CallKind.STREAM_UNARY.unary_response and not CallKind.STREAM_UNARY.unary_request
+
+
+def test_status_codes_are_grpcs_by_name_and_value():
+    assert [(c.name, c.value) for c in StatusCode] == [(c.name, c.value) for c in grpc.StatusCode]
+    assert [c.number for c in StatusCode] == list(range(17))
+    for theirs in grpc.StatusCode:
+        ours = StatusCode.of(theirs)
+        assert ours.name == theirs.name and StatusCode.of(ours) is ours
+        assert grpc.StatusCode(ours.value) is theirs
+    # A stage written against grpc's codes still rejects with ours.
+    assert Reject(grpc.StatusCode.ABORTED, "busy").code is StatusCode.ABORTED

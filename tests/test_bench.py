@@ -92,10 +92,23 @@ def test_smoke_run_python_tools(tmp_path: Path) -> None:
 def test_smoke_run_go_tools(tmp_path: Path) -> None:
     run = _load("run")
     report = run.main(
-        ["--smoke", "--loadgen=go", "--plugin=go", "--targets=passthrough", f"--out={tmp_path}"]
+        [
+            "--smoke",
+            "--loadgen=go",
+            "--plugin=go",
+            "--targets=passthrough,defaults",
+            f"--out={tmp_path}",
+        ]
     )
     assert report["tools"] == {"loadgen": "go", "plugin": "go"}
-    _check_report(report, tmp_path, {"passthrough"})
+    _check_report(report, tmp_path, {"passthrough", "defaults"})
+    # The default configuration with payload logging, priced against passthrough, and the
+    # memory of each proxy once started.
+    assert report["flags"]["defaults"] == ["--log-payloads"]
+    assert set(report["startup_rss_bytes"]) == {"passthrough", "defaults"}
+    assert "2_defaults_vs_passthrough_16_streams" in report["summary"]["goals"]
+    assert "4_startup_rss_defaults" in report["summary"]["goals"]
+    assert "RSS after start-up" in next(tmp_path.glob("*-smoke.md")).read_text()
 
 
 def test_features_price_each_stage_alone_against_passthrough(tmp_path: Path) -> None:

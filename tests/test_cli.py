@@ -205,3 +205,54 @@ def test_every_subcommand_has_its_arguments_when_chosen():
         assert result.returncode == 0, result.stderr
         assert f"usage: plugproxy {name}" in result.stdout
         assert "options:" in result.stdout and "--" in result.stdout.split("options:", 1)[1]
+
+
+@pytest.mark.parametrize(("choice", "loop"), [("auto", "uvloop"), ("asyncio", "asyncio")])
+async def test_serve_runs_on_the_event_loop_chosen(tmp_path, choice, loop):
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "csi.sock")
+    server, _ = await start_recorder(upstream)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "plugproxy",
+        "serve",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={
+            **CLEAN_ENV,
+            "PLUGPROXY_LISTEN": f"unix://{listen}",
+            "PLUGPROXY_UPSTREAM": f"unix://{upstream}",
+            "PLUGPROXY_ADMIN_LISTEN": "off",
+            "PLUGPROXY_EVENT_LOOP": choice,
+        },
+    )
+    try:
+        await wait_until(lambda: os.path.exists(listen), timeout=15)
+        async with channel(listen) as ch:
+            assert await ch.unary_unary(ECHO + "Unary")(b"hi", timeout=10) == b"echo:hi"
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        out = (await proc.stdout.read()).decode()
+        assert f'"event_loop":"{loop}"' in out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await server.stop(0)
+
+
+def test_an_event_loop_that_is_not_installed_is_a_one_line_error():
+    # uvloop made unimportable, as on a platform it does not install on.
+    probe = (
+        "import sys; sys.modules['uvloop'] = None; from plugproxy import cli;"
+        "sys.exit(cli.main(['serve', '--listen', 'unix:///tmp/a.sock',"
+        " '--upstream', 'unix:///tmp/p.sock', '--event-loop', 'uvloop']))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip() == (
+        "plugproxy: error: --event-loop uvloop: uvloop is not installed (pip install uvloop); "
+        "--event-loop asyncio uses the standard library's loop"
+    )

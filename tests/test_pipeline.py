@@ -9,7 +9,7 @@ from collections.abc import Awaitable
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage
+from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage, StatusCode
 from plugproxy.log import Logger
 from plugproxy.pipeline import compile_chain
 from plugproxy.registry import Registry, load_spec
@@ -233,7 +233,7 @@ async def test_a_hook_failing_while_it_waits_keeps_its_failure_mode():
     assert pending is not None
     with pytest.raises(Reject) as caught:
         await pending
-    assert caught.value.code is grpc.StatusCode.INTERNAL
+    assert caught.value.code is StatusCode.INTERNAL
     assert "secret-value-in-message" not in caught.value.message + out.getvalue()
     stage.fail_open = True  # type: ignore[misc]
     chain = compile_chain([stage], method, Logger(io.StringIO()))

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.log import Logger
 from plugproxy.registry import Registry
 from plugproxy.rules.state import LIFECYCLE_TTL, SpecState
@@ -71,7 +71,7 @@ class Harness:
             self.stage.on_response(call, lazy)
         else:
             call.details = f"{code.name} from the plugin"
-        call.code = code
+        call.code = StatusCode.of(code)
         self.stage.on_finish(call)
         found = [e.attributes for e in call.events if e.name == "violation"]
         self.messages.extend(str(v["message"]) for v in found)

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.fakes import FakeKnobs
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
@@ -90,7 +90,7 @@ class Driver:
                 self.stage.on_response(call, lazy)
             else:
                 call.details = "the plugin's own error"
-            call.code = code
+            call.code = StatusCode.of(code)
             self.stage.on_finish(call)
         events = [e.attributes for e in call.events if e.name == "violation"]
         return Outcome(
@@ -171,7 +171,7 @@ async def test_mutable_parameters_need_modify_volume():
     e = Driver("csi.v1", "enforce")
     e.caps("controller", "CREATE_DELETE_VOLUME")
     rejected = (await e.call("CreateVolume", req)).rejected
-    assert rejected is not None and rejected.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert rejected is not None and rejected.code is StatusCode.INVALID_ARGUMENT
     assert rejected.message.startswith("plugproxy: csi.field-without-capability: ")
 
 
@@ -183,7 +183,7 @@ async def test_readonly_publish_needs_publish_readonly():
         "ControllerPublishVolume", d.new("ControllerPublishVolumeRequest", readonly=True, **fields)
     )
     assert ours(got) == {("csi.field-without-capability", "readonly", "co")}
-    assert got.rejected is not None and got.rejected.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert got.rejected is not None and got.rejected.code is StatusCode.INVALID_ARGUMENT
     writable = d.new("ControllerPublishVolumeRequest", readonly=False, **fields)
     assert ours(await d.call("ControllerPublishVolume", writable)) == set()
     d.caps("controller", "PUBLISH_UNPUBLISH_VOLUME", "PUBLISH_READONLY")
@@ -254,7 +254,7 @@ async def test_v0_validate_topology_needs_accessibility_constraints():
     )
     got = await d.call("ValidateVolumeCapabilities", req)
     assert ours(got) == {("csi.field-without-capability", "accessible_topology", "co")}
-    assert got.rejected is not None and got.rejected.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert got.rejected is not None and got.rejected.code is StatusCode.INVALID_ARGUMENT
     d.caps("plugin", "CONTROLLER_SERVICE", "ACCESSIBILITY_CONSTRAINTS")
     got = await d.call("ValidateVolumeCapabilities", req)
     assert ours(got) == set() and got.rejected is None
@@ -273,7 +273,7 @@ async def test_publish_without_staging_path_of_a_staged_volume(spec):
     got = await d.call("NodePublishVolume", bare)
     assert ("csi.field-missing-with-capability", "staging_target_path", "co") in ours(got)
     assert got.rejected is not None
-    assert got.rejected.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert got.rejected.code is StatusCode.FAILED_PRECONDITION
     assert "staged on this node" in got.messages[0]
     good = await d.call("NodePublishVolume", node_request(d, "NodePublishVolume", {}))
     assert ours(good) == set() and good.rejected is None
@@ -351,7 +351,7 @@ async def test_capacity_range_needs_a_bound(spec, rpc, fields):
     d.caps("node", "EXPAND_VOLUME")
     got = await d.call(rpc, d.new(f"{rpc}Request", capacity_range={}, **fields))
     assert ours(got) == {("csi.capacity-range-empty", "capacity_range", "co")}
-    assert got.rejected is not None and got.rejected.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert got.rejected is not None and got.rejected.code is StatusCode.INVALID_ARGUMENT
     for bound in ({"required_bytes": 1 << 30}, {"limit_bytes": 1 << 30}):
         req = d.new(f"{rpc}Request", capacity_range=bound, **fields)
         assert ours(await d.call(rpc, req)) == set()

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Runtime
+from plugproxy.api import Call, LazyMessage, Runtime, StatusCode
 from plugproxy.fakes import FailureRule, FakeKnobs
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
@@ -78,7 +78,7 @@ class Harness:
             message = LazyMessage(raw, method.response_class)
             call.response = message
             self.stage.on_response(call, message)
-        call.code = code
+        call.code = StatusCode.of(code)
         call.details = "" if code is OK else details
         self.stage.on_finish(call)
         return [

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
@@ -129,7 +129,7 @@ class Driver:
                 call.response_count = 1
                 self.stage.on_response(call, lazy)
             else:
-                call.code, call.details = code, details
+                call.code, call.details = StatusCode.of(code), details
             call.raw_status = raw_status
         self.stage.on_finish(call)
         self.last = call

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from plugproxy import __version__, admin, serve
-from plugproxy.api import Call, CallKind, MethodInfo
+from plugproxy.api import Call, CallKind, MethodInfo, StatusCode
 from plugproxy.registry import Registry, load_spec
 from plugproxy.stages import metrics
 from plugproxy.stages.metrics import MetricsStage, go_code_name, register_process_metrics
@@ -336,12 +336,12 @@ async def test_upstream_up_follows_the_plugin(tmp_path):
 
 
 def test_go_code_names_match_grpc_go():
-    assert go_code_name(grpc.StatusCode.OK) == "OK"
-    assert go_code_name(grpc.StatusCode.CANCELLED) == "Canceled"
-    assert go_code_name(grpc.StatusCode.DEADLINE_EXCEEDED) == "DeadlineExceeded"
-    assert go_code_name(grpc.StatusCode.INVALID_ARGUMENT) == "InvalidArgument"
-    assert go_code_name(grpc.StatusCode.UNAVAILABLE) == "Unavailable"
-    assert go_code_name(grpc.StatusCode.DATA_LOSS) == "DataLoss"
+    assert go_code_name(StatusCode.OK) == "OK"
+    assert go_code_name(StatusCode.CANCELLED) == "Canceled"
+    assert go_code_name(StatusCode.DEADLINE_EXCEEDED) == "DeadlineExceeded"
+    assert go_code_name(StatusCode.INVALID_ARGUMENT) == "InvalidArgument"
+    assert go_code_name(StatusCode.UNAVAILABLE) == "Unavailable"
+    assert go_code_name(StatusCode.DATA_LOSS) == "DataLoss"
 
 
 def test_unknown_method_paths_are_capped():
@@ -381,11 +381,11 @@ def test_label_children_are_resolved_once_per_method_and_code():
     first = Call(info, (), [], None)
     stage.on_start(first)
     stage.on_finish(first)
-    children = stage._methods[CREATE].by_code[grpc.StatusCode.OK]
+    children = stage._methods[CREATE].by_code[StatusCode.OK]
     second = Call(info, (), [], None)
     stage.on_start(second)
     stage.on_finish(second)
-    assert stage._methods[CREATE].by_code[grpc.StatusCode.OK] is children
+    assert stage._methods[CREATE].by_code[StatusCode.OK] is children
 
 
 def test_disabled_by_option_builds_nothing():

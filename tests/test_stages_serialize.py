@@ -8,12 +8,11 @@ import re
 import time
 from typing import Any
 
-import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
 from plugproxy import serve
-from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.log import Logger
 from plugproxy.registry import Registry
 from plugproxy.stages import serialize
@@ -125,7 +124,7 @@ async def test_abort_mode_names_key_holder_and_request_id():
     late = make_call("/csi.v1.Node/NodeUnstageVolume", volume_id="pvc-1")
     with pytest.raises(Reject) as exc:
         await start(stage, late)
-    assert exc.value.code is grpc.StatusCode.ABORTED
+    assert exc.value.code is StatusCode.ABORTED
     assert "operation pending for volume pvc-1" in exc.value.message
     assert f"{STAGE} (request id 42)" in exc.value.message
     stage.on_finish(late)  # the pipeline runs it for a rejected call too
@@ -187,7 +186,7 @@ async def test_wait_mode_times_out_with_aborted_naming_the_holder():
     with pytest.raises(Reject) as exc:
         await start(stage, late)
     assert 0.09 <= time.monotonic() - started < 1.0
-    assert exc.value.code is grpc.StatusCode.ABORTED
+    assert exc.value.code is StatusCode.ABORTED
     pattern = r"operation pending for volume v1: waited \d+\.\d{3}s behind "
     assert re.match(pattern, exc.value.message)
     assert f"behind {SNAP} (request id 7)" in exc.value.message
@@ -210,7 +209,7 @@ async def test_wait_is_bounded_by_the_call_deadline():
         await start(stage, late)
     waited = time.monotonic() - started
     assert 0.2 <= waited < 1.0  # gives up at (just before) the deadline, not after 60 s
-    assert exc.value.code is grpc.StatusCode.ABORTED
+    assert exc.value.code is StatusCode.ABORTED
 
 
 async def test_cancelled_waiter_releases_keys_taken_before_it_queued():

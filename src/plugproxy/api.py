@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import grpc
 from google.protobuf import descriptor_pb2
 
 from plugproxy.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
@@ -35,6 +34,43 @@ if TYPE_CHECKING:
 
 MetadataValue = str | bytes
 Metadata = tuple[tuple[str, MetadataValue], ...]
+
+
+class StatusCode(enum.Enum):
+    """The 17 canonical gRPC status codes, named and valued as ``grpc.StatusCode``.
+
+    Our own, so a proxy that relays frames never imports grpc (its C core is about 15 MiB
+    of resident memory). ``StatusCode(code.value)`` and ``grpc.StatusCode(code.value)``
+    convert between the two where the gRPC relay meets grpc.
+    """
+
+    OK = (0, "ok")
+    CANCELLED = (1, "cancelled")
+    UNKNOWN = (2, "unknown")
+    INVALID_ARGUMENT = (3, "invalid argument")
+    DEADLINE_EXCEEDED = (4, "deadline exceeded")
+    NOT_FOUND = (5, "not found")
+    ALREADY_EXISTS = (6, "already exists")
+    PERMISSION_DENIED = (7, "permission denied")
+    RESOURCE_EXHAUSTED = (8, "resource exhausted")
+    FAILED_PRECONDITION = (9, "failed precondition")
+    ABORTED = (10, "aborted")
+    OUT_OF_RANGE = (11, "out of range")
+    UNIMPLEMENTED = (12, "unimplemented")
+    INTERNAL = (13, "internal")
+    UNAVAILABLE = (14, "unavailable")
+    DATA_LOSS = (15, "data loss")
+    UNAUTHENTICATED = (16, "unauthenticated")
+
+    @property
+    def number(self) -> int:
+        number: int = self.value[0]
+        return number
+
+    @classmethod
+    def of(cls, code: Any) -> StatusCode:
+        """This enum's member for ``code``: ours, or grpc's member of the same value."""
+        return code if isinstance(code, StatusCode) else cls(code.value)
 
 
 class CallKind(enum.Enum):
@@ -211,10 +247,20 @@ class CallEvent:
 class Reject(Exception):
     """Raised by a stage to answer the call itself with this status."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: StatusCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = StatusCode.of(code)
         self.message = message
+
+
+class UpstreamError(Exception):
+    """A call of the proxy's own to the plugin (capability queries, probes) failed with a
+    gRPC status, sent by the plugin or meaning the connection (UNAVAILABLE)."""
+
+    def __init__(self, code: StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
 
 
 class Call:
@@ -261,7 +307,7 @@ class Call:
         self.response: LazyMessage | None = None
         self.request_count = 0
         self.response_count = 0
-        self.code = grpc.StatusCode.OK
+        self.code = StatusCode.OK
         self.details = ""
         # The grpc-status the plugin's trailers carried, as sent ("" when they carried none),
         # where the relay could read it; None otherwise (the proxy's own answers, resets).

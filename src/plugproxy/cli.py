@@ -44,7 +44,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if argv is None or name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)
-            sub_parser.set_defaults(run=module.run)
+            # A module may choose its event loop (serve: --event-loop); None is asyncio's.
+            choose_loop = getattr(module, "loop_factory", None)
+            sub_parser.set_defaults(run=module.run, loop_factory=choose_loop)
     return parser
 
 
@@ -53,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser(args)
         ns = parser.parse_args(args)
-        code: int = asyncio.run(ns.run(ns))
+        choose = getattr(ns, "loop_factory", None)
+        with asyncio.Runner(loop_factory=choose(ns) if choose is not None else None) as runner:
+            code: int = runner.run(ns.run(ns))
     except ConfigError as exc:
         print(f"plugproxy: error: {exc}", file=sys.stderr)
         return 2

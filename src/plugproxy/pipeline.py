@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import grpc
-
-from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage
+from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage, StatusCode
 from plugproxy.log import Logger
 from plugproxy.options import Option
-from plugproxy.stages import calllog, metrics, serialize, tracing, validate
+from plugproxy.stages import calllog, metrics, serialize, tracing_env, validate
 
-# The stage modules in pipeline order. Each defines OPTIONS and build(ns, runtime).
-STAGE_MODULES: tuple[ModuleType, ...] = (tracing, metrics, calllog, validate, serialize)
+# The stage modules in pipeline order. Each defines OPTIONS and build(ns, runtime);
+# tracing_env builds plugproxy.stages.tracing, importing the SDK only when tracing is on.
+STAGE_MODULES: tuple[ModuleType, ...] = (tracing_env, metrics, calllog, validate, serialize)
 
 
 def stage_options() -> list[Option]:
@@ -118,7 +117,7 @@ def _guard_start(stage: Stage, hook: Any, logger: Logger) -> StartFn:
         # Type and place only: an exception's text may quote message contents.
         logger.error("stage failed", stage=name, hook="on_start", error=type(exc).__name__)
         if not stage.fail_open:
-            raise Reject(grpc.StatusCode.INTERNAL, f"plugproxy: {name} stage failed") from None
+            raise Reject(StatusCode.INTERNAL, f"plugproxy: {name} stage failed") from None
 
     async def guarded_wait(pending: Awaitable[None]) -> None:
         try:
@@ -152,9 +151,7 @@ def _guard_request(stage: Stage, hook: MessageFn, logger: Logger) -> MessageFn:
                 "stage failed", stage=stage.name, hook="on_request", error=type(exc).__name__
             )
             if not stage.fail_open:
-                raise Reject(
-                    grpc.StatusCode.INTERNAL, f"plugproxy: {stage.name} stage failed"
-                ) from None
+                raise Reject(StatusCode.INTERNAL, f"plugproxy: {stage.name} stage failed") from None
 
     return guarded
 

@@ -25,10 +25,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import grpc
 from cachetools import TTLCache
 
-from plugproxy.api import UpstreamState, UpstreamView
+from plugproxy.api import StatusCode, UpstreamError, UpstreamState, UpstreamView
 from plugproxy.options import Option, duration
 from plugproxy.registry import load_spec
 
@@ -119,13 +118,13 @@ class ProbeReadiness:
             self.probes_sent += 1
             try:
                 raw = await self._upstream.unary(path, b"", self._timeout)
-            except grpc.aio.AioRpcError as err:
-                code = err.code()
-                if code is grpc.StatusCode.UNIMPLEMENTED and self._chosen is None:
+            except UpstreamError as err:
+                code = err.code
+                if code is StatusCode.UNIMPLEMENTED and self._chosen is None:
                     continue
-                if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                if code is StatusCode.DEADLINE_EXCEEDED:
                     return False, f"plugin Probe did not answer within {self._timeout:g}s"
-                return False, f"plugin Probe failed: {code.name} {err.details() or ''}".rstrip()
+                return False, f"plugin Probe failed: {code.name} {err.details or ''}".rstrip()
             except (TimeoutError, OSError) as exc:
                 return False, f"plugin Probe failed: {type(exc).__name__}"
             self._chosen = (spec, path)

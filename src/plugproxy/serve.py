@@ -8,8 +8,8 @@ import contextlib
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import grpc
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from plugproxy import __version__, admin, pipeline, readiness, transport
@@ -27,11 +27,19 @@ from plugproxy.options import (
 )
 from plugproxy.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec
 from plugproxy.relay.framerelay import FrameRelay
-from plugproxy.relay.grpcrelay import GrpcRelay
 from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
 from plugproxy.stages.metrics import register_process_metrics
-from plugproxy.tlslog import TlsDiagnostics, UpstreamTls
 from plugproxy.upstream import Upstream
+
+if TYPE_CHECKING:
+    import grpc
+
+    from plugproxy.relay.grpcrelay import GrpcRelay
+    from plugproxy.tlslog import TlsDiagnostics
+
+# grpc (its C core) and the TLS modules are imported only by a configuration that uses
+# them (--relay grpc, tls://): a proxy runs beside every plugin on every node, and grpc
+# alone was a quarter of its resident memory.
 
 CORE_OPTIONS: list[Option] = [
     Option("--listen", "where COs connect: unix:///path, tcp://host:port or tls://host:port"),
@@ -99,9 +107,34 @@ CORE_OPTIONS: list[Option] = [
         default="auto",
         choices=("auto", "frames", "grpc"),
     ),
+    Option(
+        "--event-loop",
+        "the event loop: uvloop (libuv), asyncio (the standard library's), auto (uvloop "
+        "where it is installed, else asyncio)",
+        default="auto",
+        choices=("auto", "asyncio", "uvloop"),
+    ),
     Option("--log-format", "log line format", default="json", choices=("json", "text")),
     Option("--log-level", "lowest level logged", default="info", choices=tuple(LEVELS)),
 ]
+
+
+def loop_factory(ns: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The --event-loop choice as a loop factory; None is asyncio's own loop."""
+    choice = getattr(ns, "event_loop", "auto")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop  # noqa: PLC0415
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "--event-loop uvloop: uvloop is not installed (pip install uvloop); "
+                "--event-loop asyncio uses the standard library's loop"
+            ) from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def all_options() -> list[Option]:
@@ -178,13 +211,18 @@ class ProxyServer:
         self.transport = transport.Transport(
             ns, self.settings.listen, self.settings.upstream, self.logger
         )
-        self.upstream = Upstream(
-            self.settings.upstream,
-            self.logger,
-            ns.max_message_bytes,
-            extra_options=self.transport.channel_options(),
-            channel_factory=self.transport.make_channel,
-        )
+        if self.settings.relay == "frames":
+            self.upstream = Upstream(self.settings.upstream, self.logger, ns.max_message_bytes)
+        else:
+            from plugproxy.relay.grpcrelay import GrpcUpstream  # noqa: PLC0415
+
+            self.upstream = GrpcUpstream(
+                self.settings.upstream,
+                self.logger,
+                ns.max_message_bytes,
+                extra_options=self.transport.channel_options(),
+                channel_factory=self.transport.make_channel,
+            )
         # No `_created` sample beside each counter and histogram: nothing reads them, and they
         # double the series a scrape carries.
         disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -194,6 +232,8 @@ class ProxyServer:
         upstream_url = self.settings.upstream
         listen_tls = self.settings.listen.scheme is Scheme.TLS
         if listen_tls or upstream_url.scheme is Scheme.TLS:
+            from plugproxy.tlslog import TlsDiagnostics  # noqa: PLC0415
+
             self.tls_diagnostics = TlsDiagnostics(
                 self.logger,
                 listen_tls,
@@ -223,6 +263,9 @@ class ProxyServer:
                 plugin_wait=ns.plugin_wait,
             )
         else:
+            from plugproxy.relay.grpcrelay import GrpcRelay, GrpcUpstream  # noqa: PLC0415
+
+            assert isinstance(self.upstream, GrpcUpstream)
             self.proxy = GrpcRelay(
                 self.registry, self.upstream, self.stages, self.logger, ns.plugin_wait
             )
@@ -252,6 +295,8 @@ class ProxyServer:
         self.upstream.start()
         diagnostics = self.tls_diagnostics
         if diagnostics is not None and self.settings.upstream.scheme is Scheme.TLS:
+            from plugproxy.tlslog import UpstreamTls  # noqa: PLC0415
+
             up = self.settings.upstream
             diagnostics.watch_upstream(
                 UpstreamTls(
@@ -291,12 +336,15 @@ class ProxyServer:
             upstream=self.upstream.address,
             stages=[s.name for s in self.stages],
             relay=self.settings.relay,
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".", 1)[0],
             admin=f"{self.settings.admin[0]}:{self.admin.port}"
             if self.admin and self.settings.admin
             else "off",
         )
 
     async def _start_grpc_server(self) -> None:
+        import grpc  # noqa: PLC0415
+
         size = self.ns.max_message_bytes
         self.server = grpc.aio.server(
             options=[

@@ -30,14 +30,16 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from plugproxy.endpoints import ConfigError, Endpoint, Scheme
 from plugproxy.log import Logger
 from plugproxy.options import Option, duration
-from plugproxy.tlsfiles import Material, TLSPaths, Watcher, load_or_config_error
+
+if TYPE_CHECKING:
+    import grpc
+
+    from plugproxy.tlsfiles import Material, TLSPaths, Watcher
 
 OPTIONS: list[Option] = [
     Option("--tls-ca", "PEM CA bundle the peer's certificate must chain to", metavar="FILE"),
@@ -92,12 +94,30 @@ OPTIONS: list[Option] = [
 ]
 
 _TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key")
+
+
+# grpc (its C core) and the TLS file handling (ssl) are loaded only when a configuration
+# uses them: the frame relay on plaintext sockets needs neither.
+def _grpc() -> Any:
+    import grpc  # noqa: PLC0415
+
+    return grpc
+
+
+def load_or_config_error(paths: TLSPaths) -> Material:
+    from plugproxy import tlsfiles  # noqa: PLC0415
+
+    return tlsfiles.load_or_config_error(paths)
+
+
 MIN_KEEPALIVE = 10.0
 # The listen side accepts pings this often; below MIN_KEEPALIVE so any peer setting passes.
 _MIN_PING_INTERVAL_MS = 5000
 
 
 def _paths(ns: argparse.Namespace) -> TLSPaths:
+    from plugproxy.tlsfiles import TLSPaths  # noqa: PLC0415
+
     return TLSPaths(ns.tls_ca, ns.tls_cert, ns.tls_key)
 
 
@@ -216,7 +236,7 @@ class _DenialLog:
         )
 
 
-class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped
+class IdentityInterceptor:
     """Checks every call's client certificate identity before any handler runs."""
 
     def __init__(self, policy: IdentityPolicy, logger: Logger) -> None:
@@ -229,14 +249,14 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
         if auth.get("transport_security_type") != [b"ssl"] or not identities:
             self._log.denied("UNAUTHENTICATED", [], context.peer(), method)
             await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
+                _grpc().StatusCode.UNAUTHENTICATED,
                 "plugproxy: a client certificate with a DNS SAN, URI SAN or CN is required",
             )
         if not self.policy.allows(identities):
             names = _describe(identities)
             self._log.denied("PERMISSION_DENIED", names, context.peer(), method)
             await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
+                _grpc().StatusCode.PERMISSION_DENIED,
                 f"plugproxy: client identity {', '.join(names)} is not on --tls-allow-identity",
             )
 
@@ -260,7 +280,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
                 await check(context, method)
                 return await inner_uu(request, context)
 
-            return grpc.unary_unary_rpc_method_handler(unary_unary, deser, ser)
+            return _grpc().unary_unary_rpc_method_handler(unary_unary, deser, ser)
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 
@@ -268,7 +288,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
                 await check(context, method)
                 return await inner_su(requests, context)
 
-            return grpc.stream_unary_rpc_method_handler(stream_unary, deser, ser)
+            return _grpc().stream_unary_rpc_method_handler(stream_unary, deser, ser)
         if handler.unary_stream is not None:
             inner_us = handler.unary_stream
 
@@ -277,7 +297,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
                 async for item in inner_us(request, context):
                     yield item
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, deser, ser)
+            return _grpc().unary_stream_rpc_method_handler(unary_stream, deser, ser)
         inner_ss = handler.stream_stream
 
         async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
@@ -285,7 +305,7 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # 
             async for item in inner_ss(requests, context):
                 yield item
 
-        return grpc.stream_stream_rpc_method_handler(stream_stream, deser, ser)
+        return _grpc().stream_stream_rpc_method_handler(stream_stream, deser, ser)
 
 
 # -- upstream channel that follows rotated credentials ------------------------------------
@@ -330,7 +350,7 @@ class ReloadingChannel:
         self._options = list(options)
         self._grace = grace
         self._logger = logger
-        self.current: Any = grpc.aio.secure_channel(target, credentials, self._options)
+        self.current: Any = _grpc().aio.secure_channel(target, credentials, self._options)
         self.generation = 0
         self._swapped = asyncio.Event()
         self._retiring: set[asyncio.Task[None]] = set()
@@ -338,7 +358,7 @@ class ReloadingChannel:
     def replace(self, credentials: grpc.ChannelCredentials) -> None:
         """Send new calls over a new channel built with these credentials."""
         old = self.current
-        self.current = grpc.aio.secure_channel(self._target, credentials, self._options)
+        self.current = _grpc().aio.secure_channel(self._target, credentials, self._options)
         self.generation += 1
         swapped, self._swapped = self._swapped, asyncio.Event()
         swapped.set()
@@ -405,11 +425,13 @@ def _keepalive(ns: argparse.Namespace) -> list[tuple[str, Any]]:
 
 
 def channel_credentials(material: Material) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(material.ca, material.key, material.cert)
+    return _grpc().ssl_channel_credentials(material.ca, material.key, material.cert)
 
 
 def server_certificate_configuration(material: Material) -> Any:
-    return grpc.ssl_server_certificate_configuration([(material.key, material.cert)], material.ca)
+    return _grpc().ssl_server_certificate_configuration(
+        [(material.key, material.cert)], material.ca
+    )
 
 
 class Transport:
@@ -432,6 +454,8 @@ class Transport:
         if self.uses_tls:
             paths = _paths(ns)
             material = load_or_config_error(paths)
+            from plugproxy.tlsfiles import Watcher  # noqa: PLC0415
+
             self.watcher = Watcher(paths, material, logger, ns.tls_reload_interval)
             self.watcher.add_listener(self._on_new_material)
 
@@ -456,7 +480,7 @@ class Transport:
         """The upstream channel: insecure for unix:// and tcp://, reloading for tls://."""
         material = self.material
         if self.upstream.scheme is not Scheme.TLS or material is None:
-            return grpc.aio.insecure_channel(target, list(options))
+            return _grpc().aio.insecure_channel(target, list(options))
         self.channel = ReloadingChannel(
             target,
             options,
@@ -483,6 +507,8 @@ class Transport:
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         if self.listen.scheme is Scheme.TLS and self.ns.tls_allow_identity:
+            # A virtual subclass: grpc checks isinstance, and this module loads without grpc.
+            _grpc().aio.ServerInterceptor.register(IdentityInterceptor)
             return [IdentityInterceptor(IdentityPolicy(self.ns.tls_allow_identity), self.logger)]
         return []
 
@@ -498,7 +524,7 @@ class Transport:
         material = self.material
         if listen.scheme is Scheme.TLS and material is not None:
             self._server_config = server_certificate_configuration(material)
-            credentials = grpc.dynamic_ssl_server_credentials(
+            credentials = _grpc().dynamic_ssl_server_credentials(
                 self._server_config,
                 self._fetch_server_config,
                 require_client_authentication=True,

@@ -1,4 +1,13 @@
-"""The connection to the plugin: one gRPC channel, its state, and clear errors when down."""
+"""The connection to the plugin: whether it can be reached, and the proxy's own calls to it.
+
+:class:`Upstream` speaks HTTP/2 itself (the frame relay's client side,
+:mod:`plugproxy.relay.connection`), so a proxy on plaintext sockets never imports grpc. It
+keeps one connection to the plugin, open while the plugin is up and redialled as soon as it
+closes, which is what the readiness state follows; capability queries, the driver name and
+readiness probes are unary calls on it. Calls from the CO never use it: each CO connection
+has its own plugin connection (:mod:`plugproxy.relay.pairing`). The gRPC relay's variant,
+over a grpc channel, is :class:`plugproxy.relay.grpcrelay.GrpcUpstream`.
+"""
 
 from __future__ import annotations
 
@@ -7,67 +16,43 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-
-from plugproxy.api import UpstreamState
+from plugproxy.api import StatusCode, UpstreamError, UpstreamState
 from plugproxy.endpoints import Endpoint
 from plugproxy.log import Logger
+from plugproxy.relay import frames, grpcwire, hpackcodec
+from plugproxy.relay.connection import H2Connection, StreamEnd
+from plugproxy.relay.hpackcodec import Header
+from plugproxy.relay.limits import DEFAULT_LIMITS
 from plugproxy.sockets import describe_connect_error
 
-# Reconnect quickly and never back off longer than about a second (a restarted plugin
-# should be served again at once), as csi-lib-utils' connection helper does. gRPC adds
-# up to 20 % jitter, so the cap is 800 ms: a plugin back on its socket is reached in < 1 s.
-RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 800),
-    # A proxy must not pick up http_proxy from its environment for the plugin hop.
-    ("grpc.enable_http_proxy", 0),
-)
-
-
-def channel_options(
-    endpoint: Endpoint, max_message_bytes: int, extra: Sequence[tuple[str, Any]] = ()
-) -> list[tuple[str, Any]]:
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        *RECONNECT_OPTIONS,
-        *extra,
-    ]
-    if endpoint.is_unix:
-        # Strict HTTP/2 servers reject a socket path as :authority.
-        options.append(("grpc.default_authority", "localhost"))
-    return options
+# Redial at once, then back off to at most 0.8 s (as the gRPC relay's channel is set up):
+# a plugin back on its socket is seen as up in under a second.
+FIRST_RETRY, MAX_RETRY = 0.1, 0.8
+# A connection that ended sooner than this after it came up is redialled after the
+# backoff, not at once: a socket that accepts and closes must not make the proxy spin.
+STABLE_SECONDS = 1.0
+HANDSHAKE_SECONDS = 10.0  # how long a connected plugin may take to send its SETTINGS
 
 
 class Upstream:
-    """Owns the channel to the plugin and watches its connectivity."""
+    """The plugin's address and state, watched over a connection of the proxy's own."""
 
     def __init__(
         self,
         endpoint: Endpoint,
         logger: Logger,
         max_message_bytes: int,
-        credentials: grpc.ChannelCredentials | None = None,
-        extra_options: Sequence[tuple[str, Any]] = (),
-        channel_factory: Callable[[str, Sequence[tuple[str, Any]]], Any] | None = None,
+        **_grpc_only: Any,  # the gRPC variant's channel settings; nothing here uses them
     ) -> None:
         self.endpoint = endpoint
         self._logger = logger
-        options = channel_options(endpoint, max_message_bytes, extra_options)
-        if channel_factory is not None:
-            # The transport builds the channel (e.g. one that follows rotated certificates).
-            self.channel = channel_factory(endpoint.grpc_target, options)
-        elif credentials is not None:
-            self.channel = grpc.aio.secure_channel(endpoint.grpc_target, credentials, options)
-        else:
-            self.channel = grpc.aio.insecure_channel(endpoint.grpc_target, options)
+        self.max_message_bytes = max_message_bytes
         self._state = UpstreamState.DOWN
         self._reason = "not connected yet"
         self._watcher: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[UpstreamState], None]] = []
         self._ready = asyncio.Event()
+        self._client: _Client | None = None
         # For a tls:// upstream: why its handshakes fail, if anything says (plugproxy.tlslog).
         self.tls_hint: Callable[[str], str | None] | None = None
 
@@ -107,7 +92,12 @@ class Upstream:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
-        await self.channel.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def channel_is_ready(self) -> bool:
+        return self._state is UpstreamState.UP
 
     def _why_down(self) -> str:
         if self.endpoint.is_unix:
@@ -135,26 +125,6 @@ class Upstream:
         for listener in self._listeners:
             listener(state)
 
-    async def _watch(self) -> None:
-        state = self.channel.get_state(try_to_connect=True)
-        while True:
-            # CONNECTING and IDLE are passing states: one line per real change, no flood.
-            if state is grpc.ChannelConnectivity.READY:
-                self._set(UpstreamState.UP)
-            elif state in (
-                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
-                grpc.ChannelConnectivity.SHUTDOWN,
-            ):
-                self._set(UpstreamState.DOWN)
-            elif state is grpc.ChannelConnectivity.IDLE and self._state is UpstreamState.UP:
-                # The plugin closed the connection; only say so if reconnecting fails.
-                pass
-            await self.channel.wait_for_state_change(state)
-            state = self.channel.get_state(try_to_connect=True)
-
-    def channel_is_ready(self) -> bool:
-        return self.channel.get_state() is grpc.ChannelConnectivity.READY
-
     def unavailable_details(self, details: str) -> str:
         """Name the upstream in an UNAVAILABLE that came from the connection, not the plugin,
         and for a tls:// upstream the likely cause."""
@@ -162,10 +132,224 @@ class Upstream:
         more = f"; {hint}" if hint else ""
         return f"plugproxy: upstream {self.address} unavailable: {details}{more}"
 
+    async def _dial(self) -> _Client:
+        loop = asyncio.get_running_loop()
+        endpoint = self.endpoint
+        if endpoint.is_unix:
+            _, client = await loop.create_unix_connection(lambda: _Client(self), endpoint.path)
+        else:
+            _, client = await loop.create_connection(
+                lambda: _Client(self), endpoint.host, endpoint.port
+            )
+        return client
+
+    async def _watch(self) -> None:
+        delay = FIRST_RETRY
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                client = await self._dial()
+                # Up once the plugin's SETTINGS arrived (an HTTP/2 server answers there).
+                await asyncio.wait(
+                    (client.ready, client.lost),
+                    timeout=HANDSHAKE_SECONDS,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            except OSError:
+                client = None
+            if client is None or not client.ready.done() or client.lost.done():
+                if client is not None:
+                    client.close()
+                self._set(UpstreamState.DOWN)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY)
+                continue
+            self._client = client
+            self._set(UpstreamState.UP)
+            up_at = loop.time()
+            # The plugin closed the connection: redial (DOWN only if that fails).
+            await client.lost
+            if self._client is client:
+                self._client = None
+            if loop.time() - up_at < STABLE_SECONDS:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY)
+            else:
+                delay = FIRST_RETRY
+
     async def unary(
         self, method: str, request: bytes, timeout: float, metadata: Sequence[tuple[str, str]] = ()
     ) -> bytes:
-        response: bytes = await self.channel.unary_unary(method)(
-            request, timeout=timeout, metadata=tuple(metadata)
+        """One unary call of the proxy's own; raises :class:`UpstreamError`."""
+        client = self._client
+        if client is None and self._reason == "not connected yet":
+            await self.wait_ready(timeout)  # the first dial is under way
+            client = self._client
+        if client is None or not client.h2.can_open():
+            raise UpstreamError(StatusCode.UNAVAILABLE, self.unavailable_details(self._reason))
+        return await client.unary(method, request, timeout, metadata)
+
+
+class _Pending:
+    __slots__ = ("data", "done", "headers_seen")
+
+    def __init__(self, done: asyncio.Future[bytes]) -> None:
+        self.done = done
+        self.data: list[bytes] = []
+        self.headers_seen = False
+
+
+class _Client(asyncio.Protocol):
+    """One HTTP/2 client connection to the plugin, for unary calls of the proxy's own."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.h2 = H2Connection(DEFAULT_LIMITS, self, server=False)
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()  # the plugin's SETTINGS came
+        self.lost: asyncio.Future[None] = loop.create_future()
+        endpoint = upstream.endpoint
+        self.authority = (
+            b"localhost" if endpoint.is_unix else f"{endpoint.host}:{endpoint.port}".encode()
         )
-        return response
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.h2.start(transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.h2.receive(data)
+        self.h2.after_read()
+        self.h2.flush()
+        if self.h2.settings_seen and not self.ready.done():
+            self.ready.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all("the plugin closed the connection")
+        self.h2.close()
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.h2.set_writable(False)
+
+    def resume_writing(self) -> None:
+        self.h2.set_writable(True)
+
+    def close(self) -> None:
+        self._fail_all("the proxy is stopping")
+        self.h2.close()
+        for future in (self.ready, self.lost):
+            if not future.done():
+                future.cancel()
+
+    # -- calls
+
+    async def unary(
+        self, method: str, request: bytes, timeout: float, metadata: Sequence[tuple[str, str]]
+    ) -> bytes:
+        done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        end = self.h2.open_stream(_Pending(done))
+        headers: list[Header] = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", method.encode()),
+            (b":authority", self.authority),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+            (b"grpc-timeout", grpcwire.format_timeout(timeout)),
+            *((key.encode("latin-1"), grpcwire.metadata_bytes(key, v)) for key, v in metadata),
+        ]
+        self.h2.send_headers(end, headers, False)
+        self.h2.send_data(end, grpcwire.message_frame(False, request), True)
+        self.h2.flush()
+        try:
+            return await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            self.h2.reset(end, frames.CANCEL)
+            self.h2.flush()
+            raise UpstreamError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+
+    def _fail_all(self, why: str) -> None:
+        for end in list(self.h2.streams.values()):
+            self._end(
+                end, UpstreamError(StatusCode.UNAVAILABLE, self.upstream.unavailable_details(why))
+            )
+
+    @staticmethod
+    def _end(end: StreamEnd, result: bytes | UpstreamError) -> None:
+        pending = end.owner
+        if not isinstance(pending, _Pending) or pending.done.done():
+            return
+        if isinstance(result, UpstreamError):
+            pending.done.set_exception(result)
+        else:
+            pending.done.set_result(result)
+
+    # -- connection events
+
+    def on_headers(
+        self, conn: H2Connection, end: StreamEnd, headers: list[Header], end_stream: bool
+    ) -> None:
+        pending = end.owner
+        if not isinstance(pending, _Pending):
+            return
+        if not end_stream:
+            pending.headers_seen = True
+            return
+        code, message = StatusCode.UNKNOWN, ""
+        for name, value in headers:
+            if name == b"grpc-status":
+                number = int(value) if value.isdigit() else -1
+                found = grpcwire.STATUS_BY_NUMBER.get(number)
+                code = found if found is not None else StatusCode.UNKNOWN
+            elif name == b"grpc-message":
+                message = hpackcodec.percent_decode(value)
+        if code is not StatusCode.OK:
+            self._end(end, UpstreamError(code, message))
+            return
+        try:
+            messages = grpcwire.Messages(self.upstream.max_message_bytes, True)
+            bodies = messages.feed(b"".join(pending.data))
+        except grpcwire.MessageTooLarge as exc:
+            self._end(end, UpstreamError(StatusCode.RESOURCE_EXHAUSTED, f"{exc.size} bytes"))
+            return
+        if len(bodies) != 1 or bodies[0][0] or messages.incomplete:
+            self._end(end, UpstreamError(StatusCode.INTERNAL, "not one uncompressed message"))
+            return
+        self._end(end, bodies[0][1])
+
+    def on_data(self, conn: H2Connection, end: StreamEnd, data: bytes, end_stream: bool) -> None:
+        conn.credit(end, len(data))
+        pending = end.owner
+        if isinstance(pending, _Pending):
+            pending.data.append(data)
+            if end_stream:
+                self._end(end, UpstreamError(StatusCode.INTERNAL, "the plugin sent no status"))
+
+    def on_reset(
+        self, conn: H2Connection, end: StreamEnd, code: int, reason: str, by_peer: bool
+    ) -> None:
+        status = grpcwire.RST_STATUS.get(code, StatusCode.INTERNAL) if by_peer else None
+        why = f"the plugin reset the stream (HTTP/2 code {code})" if by_peer else reason
+        self._end(end, UpstreamError(status or StatusCode.INTERNAL, why))
+
+    def on_sent(self, conn: H2Connection, end: StreamEnd, size: int) -> None:
+        pass
+
+    def on_goaway(self, conn: H2Connection, last_stream: int, code: int) -> None:
+        why = f"the plugin refused the call with GOAWAY (HTTP/2 code {code})"
+        for end in list(conn.streams.values()):
+            if end.id > last_stream:
+                self._end(end, UpstreamError(StatusCode.UNAVAILABLE, why))
+        # New calls need a new connection: this one's end makes the watcher redial.
+        if conn.transport is not None:
+            conn.transport.close()
+
+    def on_failed(self, conn: H2Connection, code: int, reason: str) -> None:
+        self._fail_all(f"HTTP/2 error from the plugin: {reason}")
+        asyncio.get_running_loop().call_soon(conn.close)
+
+
+__all__ = ["Upstream", "UpstreamError"]

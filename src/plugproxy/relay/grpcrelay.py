@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,19 @@ try:  # see _write_upstream
 except ImportError:  # pragma: no cover - other grpc builds
     _CoreInternalError = None
 
-from plugproxy.api import Call, CallKind, LazyMessage, Metadata, MethodInfo, Reject, Stage
+from plugproxy.api import (
+    Call,
+    CallKind,
+    LazyMessage,
+    Metadata,
+    MethodInfo,
+    Reject,
+    Stage,
+    StatusCode,
+    UpstreamError,
+    UpstreamState,
+)
+from plugproxy.endpoints import Endpoint
 from plugproxy.log import Logger
 from plugproxy.pipeline import Chain, compile_chain
 from plugproxy.registry import Registry
@@ -50,13 +62,13 @@ ServicerContext = Any
 # Trailers without any status, or with one core cannot parse, end with these messages of
 # core's own, which a plugin's status does not carry (the frame relay sees every case).
 _CORE_NO_STATUS = {
-    (grpc.StatusCode.UNKNOWN, "No status received"): "",
-    (grpc.StatusCode.UNKNOWN, "Stream removed (Data frame with END_STREAM flag received)"): "",
-    (grpc.StatusCode.INTERNAL, "Stream removed (Error parsing 'grpc-status' metadata)"): "?",
+    (StatusCode.UNKNOWN, "No status received"): "",
+    (StatusCode.UNKNOWN, "Stream removed (Data frame with END_STREAM flag received)"): "",
+    (StatusCode.INTERNAL, "Stream removed (Error parsing 'grpc-status' metadata)"): "?",
 }
 
 
-def raw_status_of(code: grpc.StatusCode, details: str) -> str | None:
+def raw_status_of(code: StatusCode, details: str) -> str | None:
     """What the plugin's grpc-status was, as far as grpc core's answer tells (see
     Call.raw_status): "" for none, "?" for an unparsable one, None when core read one."""
     return _CORE_NO_STATUS.get((code, details))
@@ -94,7 +106,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
     def __init__(
         self,
         registry: Registry,
-        upstream: Upstream,
+        upstream: GrpcUpstream,
         stages: list[Stage],
         logger: Logger,
         plugin_wait: float = 0.0,
@@ -147,11 +159,11 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
 
     # -- errors ---------------------------------------------------------------------------
 
-    def _upstream_error(self, err: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
-        code, details = err.code(), err.details() or ""
-        if code is grpc.StatusCode.UNAVAILABLE and not self.upstream.channel_is_ready():
+    def _upstream_error(self, err: grpc.aio.AioRpcError) -> tuple[StatusCode, str]:
+        code, details = StatusCode.of(err.code()), err.details() or ""
+        if code is StatusCode.UNAVAILABLE and not self.upstream.channel_is_ready():
             details = self.upstream.unavailable_details(details)
-        elif code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        elif code is StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
             details = f"plugproxy: plugin response exceeds --max-message-bytes: {details}"
         return code, details
 
@@ -159,7 +171,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         """The plugin's status becomes the call's, unless a stage already answered it."""
         if call.rejected:
             return
-        call.raw_status = raw_status_of(err.code(), err.details() or "")
+        call.raw_status = raw_status_of(StatusCode.of(err.code()), err.details() or "")
         call.code, call.details = self._upstream_error(err)
         call.initial_metadata = tuple(err.initial_metadata() or ())
         call.trailing_metadata = tuple(err.trailing_metadata() or ())
@@ -168,13 +180,13 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         self,
         context: ServicerContext,
         relay: _Relay,
-        code: grpc.StatusCode,
+        code: StatusCode,
         details: str,
         initial: Metadata | None = None,
         trailing: Metadata | None = None,
     ) -> None:
         await relay.send_headers(context, tuple(initial or ()))
-        await context.abort(code, details, tuple(trailing or ()))
+        await context.abort(grpc.StatusCode(code.value), details, tuple(trailing or ()))
 
     # -- unary → unary ----------------------------------------------------------------------
 
@@ -242,11 +254,11 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except asyncio.CancelledError:
-            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
             raise
         finally:
             chain.run_finish(call)
-        if call.code is not grpc.StatusCode.OK:
+        if call.code is not StatusCode.OK:
             await self._abort(
                 context,
                 relay,
@@ -294,7 +306,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
-            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
                 ucall.cancel()
             raise
@@ -304,7 +316,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         await self._end_stream(context, relay, call)
 
     async def _end_stream(self, context: ServicerContext, relay: _Relay, call: Call) -> None:
-        if call.code is not grpc.StatusCode.OK:
+        if call.code is not StatusCode.OK:
             await self._abort(
                 context,
                 relay,
@@ -367,7 +379,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except asyncio.CancelledError:
-            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
                 ucall.cancel()
             raise
@@ -406,9 +418,9 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                     if chain is not None and chain.response:
                         chain.run_response(call, LazyMessage(raw, response_class))
                     yield raw
-                code = await ucall.code()
+                code = StatusCode.of(await ucall.code())
                 call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
-                if code is not grpc.StatusCode.OK and not call.rejected:
+                if code is not StatusCode.OK and not call.rejected:
                     call.code, call.details = code, await ucall.details() or ""
                     call.raw_status = raw_status_of(call.code, call.details)
             except Reject as rej:
@@ -416,7 +428,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
-            call.code, call.details = grpc.StatusCode.CANCELLED, "cancelled by the caller"
+            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
             if ucall is not None:
                 ucall.cancel()
             raise
@@ -460,3 +472,88 @@ async def _stop(task: asyncio.Task[None] | None) -> None:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+
+
+# -- the upstream as a grpc channel -----------------------------------------------------
+
+# Reconnect quickly and never back off longer than about a second (a restarted plugin
+# should be served again at once), as csi-lib-utils' connection helper does. gRPC adds
+# up to 20 % jitter, so the cap is 800 ms: a plugin back on its socket is reached in < 1 s.
+RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 800),
+    # A proxy must not pick up http_proxy from its environment for the plugin hop.
+    ("grpc.enable_http_proxy", 0),
+)
+
+
+def channel_options(
+    endpoint: Endpoint, max_message_bytes: int, extra: Sequence[tuple[str, Any]] = ()
+) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        *RECONNECT_OPTIONS,
+        *extra,
+    ]
+    if endpoint.is_unix:
+        # Strict HTTP/2 servers reject a socket path as :authority.
+        options.append(("grpc.default_authority", "localhost"))
+    return options
+
+
+class GrpcUpstream(Upstream):
+    """The upstream of the gRPC relay: one grpc channel, whose connectivity is the state."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        logger: Logger,
+        max_message_bytes: int,
+        credentials: grpc.ChannelCredentials | None = None,
+        extra_options: Sequence[tuple[str, Any]] = (),
+        channel_factory: Callable[[str, Sequence[tuple[str, Any]]], Any] | None = None,
+    ) -> None:
+        super().__init__(endpoint, logger, max_message_bytes)
+        options = channel_options(endpoint, max_message_bytes, extra_options)
+        if channel_factory is not None:
+            # The transport builds the channel (e.g. one that follows rotated certificates).
+            self.channel = channel_factory(endpoint.grpc_target, options)
+        elif credentials is not None:
+            self.channel = grpc.aio.secure_channel(endpoint.grpc_target, credentials, options)
+        else:
+            self.channel = grpc.aio.insecure_channel(endpoint.grpc_target, options)
+
+    async def close(self) -> None:
+        await super().close()
+        await self.channel.close()
+
+    async def _watch(self) -> None:
+        state = self.channel.get_state(try_to_connect=True)
+        while True:
+            # CONNECTING and IDLE are passing states: one line per real change, no flood.
+            if state is grpc.ChannelConnectivity.READY:
+                self._set(UpstreamState.UP)
+            elif state in (
+                grpc.ChannelConnectivity.TRANSIENT_FAILURE,
+                grpc.ChannelConnectivity.SHUTDOWN,
+            ):
+                self._set(UpstreamState.DOWN)
+            # IDLE after UP: the plugin closed the connection; only said if reconnecting fails.
+            await self.channel.wait_for_state_change(state)
+            state = self.channel.get_state(try_to_connect=True)
+
+    def channel_is_ready(self) -> bool:
+        return self.channel.get_state() is grpc.ChannelConnectivity.READY
+
+    async def unary(
+        self, method: str, request: bytes, timeout: float, metadata: Sequence[tuple[str, str]] = ()
+    ) -> bytes:
+        try:
+            response: bytes = await self.channel.unary_unary(method)(
+                request, timeout=timeout, metadata=tuple(metadata)
+            )
+        except grpc.aio.AioRpcError as err:
+            raise UpstreamError(StatusCode.of(err.code()), err.details() or "") from None
+        return response

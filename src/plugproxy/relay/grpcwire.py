@@ -5,9 +5,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 
-import grpc
-
-from plugproxy.api import Metadata, MetadataValue
+from plugproxy.api import Metadata, MetadataValue, StatusCode
 from plugproxy.relay import frames
 from plugproxy.relay.hpackcodec import Header
 
@@ -29,13 +27,13 @@ RESPONSE_RESERVED = frozenset(
 
 # How a client reads a plugin's RST_STREAM (as grpc-go does).
 RST_STATUS = {
-    frames.CANCEL: grpc.StatusCode.CANCELLED,
-    frames.REFUSED_STREAM: grpc.StatusCode.UNAVAILABLE,
-    frames.FLOW_CONTROL_ERROR: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    frames.ENHANCE_YOUR_CALM: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    frames.INADEQUATE_SECURITY: grpc.StatusCode.PERMISSION_DENIED,
+    frames.CANCEL: StatusCode.CANCELLED,
+    frames.REFUSED_STREAM: StatusCode.UNAVAILABLE,
+    frames.FLOW_CONTROL_ERROR: StatusCode.RESOURCE_EXHAUSTED,
+    frames.ENHANCE_YOUR_CALM: StatusCode.RESOURCE_EXHAUSTED,
+    frames.INADEQUATE_SECURITY: StatusCode.PERMISSION_DENIED,
 }
-STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+STATUS_BY_NUMBER = {code.value[0]: code for code in StatusCode}
 
 TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 

@@ -24,9 +24,7 @@ from collections import deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-import grpc
-
-from plugproxy.api import Call, LazyMessage, MetadataValue, Reject
+from plugproxy.api import Call, LazyMessage, MetadataValue, Reject, StatusCode
 from plugproxy.pipeline import Chain
 from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
@@ -193,7 +191,7 @@ class Pairing(asyncio.Protocol):
 
     def abort(self, why: str) -> None:
         for stream in list(self.streams.values()):
-            self._answer(stream, grpc.StatusCode.UNAVAILABLE, why)
+            self._answer(stream, StatusCode.UNAVAILABLE, why)
         self.flush()
         self._close()
 
@@ -259,12 +257,12 @@ class Pairing(asyncio.Protocol):
             self._cancelled(stream, why)
         elif by_peer:
             self.co.reset(stream.co, code)
-            status = grpcwire.RST_STATUS.get(code, grpc.StatusCode.INTERNAL)
+            status = grpcwire.RST_STATUS.get(code, StatusCode.INTERNAL)
             self._ended(stream, status, f"the plugin reset the stream (HTTP/2 code {code})")
         else:
             self._answer(
                 stream,
-                grpc.StatusCode.INTERNAL,
+                StatusCode.INTERNAL,
                 f"plugproxy: the plugin broke HTTP/2 on this call: {reason}",
             )
 
@@ -296,7 +294,7 @@ class Pairing(asyncio.Protocol):
                 self.co.reset(stream.co, frames.REFUSED_STREAM)
                 self._ended(
                     stream,
-                    grpc.StatusCode.UNAVAILABLE,
+                    StatusCode.UNAVAILABLE,
                     f"the plugin refused the call with GOAWAY (HTTP/2 code {code})",
                 )
         self._retire(side)
@@ -363,13 +361,13 @@ class Pairing(asyncio.Protocol):
             elif stream.deadline is not None and stream.deadline <= now:
                 self._answer(
                     stream,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    StatusCode.DEADLINE_EXCEEDED,
                     "plugproxy: deadline expired waiting for the plugin: "
                     + self.relay.unavailable(self.plugin_reason),
                 )
             else:
                 self._answer(
-                    stream, grpc.StatusCode.UNAVAILABLE, self.relay.unavailable(self.plugin_reason)
+                    stream, StatusCode.UNAVAILABLE, self.relay.unavailable(self.plugin_reason)
                 )
         self.waiting = keep
 
@@ -386,7 +384,7 @@ class Pairing(asyncio.Protocol):
         self.old_plugins.discard(side)
         for stream in list(self.streams.values()):
             if stream.plugin is side and not stream.finished:
-                self._answer(stream, grpc.StatusCode.UNAVAILABLE, why)
+                self._answer(stream, StatusCode.UNAVAILABLE, why)
         side.h2.failed = True
         if self.waiting:
             self._want_plugin()
@@ -474,7 +472,7 @@ class Pairing(asyncio.Protocol):
             relay.over_limit(self.peer)
             self._answer(
                 stream,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"plugproxy: more than {relay.max_concurrent_calls} calls in flight "
                 "(--max-concurrent-calls)",
             )
@@ -530,7 +528,7 @@ class Pairing(asyncio.Protocol):
             self.co.credit(stream.co, len(data))
             self._answer(
                 stream,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"plugproxy: request message of {exc.size} bytes exceeds --max-message-bytes "
                 f"({self.relay.max_message_bytes})",
             )
@@ -538,7 +536,7 @@ class Pairing(asyncio.Protocol):
         if ended and requests.incomplete:
             # As gRPC servers do; the plugin never gets the cut message as a whole one.
             self._answer(
-                stream, grpc.StatusCode.INTERNAL, "plugproxy: the request ended inside a message"
+                stream, StatusCode.INTERNAL, "plugproxy: the request ended inside a message"
             )
             return
         if not requests.collect:
@@ -740,7 +738,7 @@ class Pairing(asyncio.Protocol):
         if stream.deadline is not None and stream.deadline <= time.monotonic():
             self._answer(
                 stream,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
+                StatusCode.DEADLINE_EXCEEDED,
                 "plugproxy: deadline expired before the call reached the plugin",
             )
             return
@@ -800,7 +798,7 @@ class Pairing(asyncio.Protocol):
             side.h2.credit(stream.up, len(data))
             self._answer(
                 stream,
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                StatusCode.RESOURCE_EXHAUSTED,
                 f"plugproxy: plugin response message of {exc.size} bytes exceeds "
                 f"--max-message-bytes ({self.relay.max_message_bytes})",
             )
@@ -822,9 +820,7 @@ class Pairing(asyncio.Protocol):
         if ended:  # gRPC always ends with trailers; a bare END_STREAM is an error
             if call is not None:
                 call.raw_status = ""  # no status at all: the validate stage judges that
-            self._answer(
-                stream, grpc.StatusCode.INTERNAL, "the plugin ended the stream without status"
-            )
+            self._answer(stream, StatusCode.INTERNAL, "the plugin ended the stream without status")
 
     def _plugin_headers(self, stream: Stream, headers: list[Header], ended: bool) -> None:
         if stream.finished:
@@ -842,7 +838,7 @@ class Pairing(asyncio.Protocol):
             if call is not None:
                 call.initial_metadata = grpcwire.to_metadata(headers, grpcwire.RESPONSE_RESERVED)
             return
-        code = grpc.StatusCode.UNKNOWN
+        code = StatusCode.UNKNOWN
         message = ""
         raw: bytes | None = None
         for name, value in headers:
@@ -867,7 +863,7 @@ class Pairing(asyncio.Protocol):
 
     # -- ending calls -------------------------------------------------------------------
 
-    def _answer(self, stream: Stream, code: grpc.StatusCode, message: str) -> None:
+    def _answer(self, stream: Stream, code: StatusCode, message: str) -> None:
         """The relay gives the CO this status itself (rejects, limits, plugin unavailable)."""
         if stream.finished:
             return
@@ -888,9 +884,9 @@ class Pairing(asyncio.Protocol):
     def _cancelled(self, stream: Stream, why: str) -> None:
         if stream.task is not None:
             stream.task.cancel()
-        self._ended(stream, grpc.StatusCode.CANCELLED, why)
+        self._ended(stream, StatusCode.CANCELLED, why)
 
-    def _ended(self, stream: Stream, code: grpc.StatusCode, message: str) -> None:
+    def _ended(self, stream: Stream, code: StatusCode, message: str) -> None:
         if stream.finished:
             return
         stream.finished = True

@@ -22,11 +22,10 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from plugproxy import __version__
-from plugproxy.api import Call, MethodInfo, Runtime, Stage, UpstreamState
+from plugproxy.api import Call, MethodInfo, Runtime, Stage, StatusCode, UpstreamError, UpstreamState
 from plugproxy.options import Option
 from plugproxy.registry import load_spec
 
@@ -93,19 +92,19 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-def go_code_name(code: grpc.StatusCode) -> str:
+def go_code_name(code: StatusCode) -> str:
     """The status code as grpc-go's ``codes.Code.String()`` spells it (csi-lib-utils' label).
 
     CamelCase, with Go's single-L "Canceled": ``DEADLINE_EXCEEDED`` -> ``DeadlineExceeded``.
     """
-    if code is grpc.StatusCode.OK:
+    if code is StatusCode.OK:
         return "OK"
-    if code is grpc.StatusCode.CANCELLED:
+    if code is StatusCode.CANCELLED:
         return "Canceled"
     return "".join(part.capitalize() for part in code.name.split("_"))
 
 
-GO_CODE_NAMES: dict[grpc.StatusCode, str] = {code: go_code_name(code) for code in grpc.StatusCode}
+GO_CODE_NAMES: dict[StatusCode, str] = {code: go_code_name(code) for code in StatusCode}
 
 
 def register_process_metrics(registry: CollectorRegistry, upstream: Any) -> None:
@@ -157,7 +156,7 @@ class _MethodMetrics:
         # GetPluginInfo answers teach the stage the CSI driver name.
         self.driver_info = self.csi and info.name == "GetPluginInfo"
         self.inflight = stage.inflight.labels(method=label)
-        self.by_code: dict[grpc.StatusCode, tuple[Any, Any]] = {}
+        self.by_code: dict[StatusCode, tuple[Any, Any]] = {}
         self.requests: Any = None
         self.responses: Any = None
         if not info.kind.unary_request:
@@ -165,7 +164,7 @@ class _MethodMetrics:
         if not info.kind.unary_response:
             self.responses = stage.stream_messages.labels(method=label, direction="response")
 
-    def children(self, stage: MetricsStage, code: grpc.StatusCode) -> tuple[Any, Any]:
+    def children(self, stage: MetricsStage, code: StatusCode) -> tuple[Any, Any]:
         pair = self.by_code.get(code)
         if pair is None:
             duration = stage.duration.labels(spec=self.spec, method=self.label, code=code.name)
@@ -261,7 +260,7 @@ class MetricsStage(Stage):
         state.inflight.dec()
         # GetPluginInfo names the driver: learnt before its own call is counted, so the
         # first call is not the one series left with driver_name="unknown-driver".
-        if state.driver_info and call.code is grpc.StatusCode.OK and call.response is not None:
+        if state.driver_info and call.code is StatusCode.OK and call.response is not None:
             message = call.response.message
             name = getattr(message, "name", "") if message is not None else ""
             if name:
@@ -297,8 +296,8 @@ class MetricsStage(Stage):
             if self._upstream.state is UpstreamState.UP:
                 try:
                     raw = await self._upstream.unary(self._csi_info_path, b"", 5.0)
-                except grpc.aio.AioRpcError as err:
-                    if err.code() is grpc.StatusCode.UNIMPLEMENTED:
+                except UpstreamError as err:
+                    if err.code is StatusCode.UNIMPLEMENTED:
                         return  # not a CSI plugin (or no Identity service): stay unknown
                 else:
                     if message_class is None:

@@ -35,10 +35,9 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-import grpc
 from prometheus_client import Counter, Gauge, Histogram
 
-from plugproxy.api import Call, MethodInfo, Reject, Runtime, Stage
+from plugproxy.api import Call, MethodInfo, Reject, Runtime, Stage, StatusCode
 from plugproxy.keys import extractor, keys_of
 from plugproxy.locks import LockTable
 from plugproxy.options import Option, duration
@@ -175,7 +174,7 @@ class SerializeStage(Stage):
                 if per_method is not None:
                     per_method.busy.inc()
                 raise Reject(
-                    grpc.StatusCode.ABORTED,
+                    StatusCode.ABORTED,
                     f"operation pending for {describe_key(key)}: "
                     f"{describe_holder(table.holder(key))} is in progress",
                 )
@@ -209,7 +208,7 @@ class SerializeStage(Stage):
                 if per_method is not None:
                     per_method.timeout.inc()
                 raise Reject(
-                    grpc.StatusCode.ABORTED,
+                    StatusCode.ABORTED,
                     f"operation pending for {describe_key(key)}: waited {waited:.3f}s "
                     f"behind {describe_holder(holder)}",
                 ) from None

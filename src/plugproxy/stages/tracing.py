@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -49,11 +48,12 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status
+from opentelemetry.trace import StatusCode as SpanStatus
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from plugproxy import __version__, redact
-from plugproxy.api import Call, Runtime, Stage
+from plugproxy.api import Call, Runtime, Stage, StatusCode
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import keys_of
 from plugproxy.options import Option
@@ -66,15 +66,15 @@ TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 # Server-span codes that are the server's fault (OpenTelemetry RPC conventions, gRPC).
 SERVER_ERROR_CODES = frozenset(
     {
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DATA_LOSS,
+        StatusCode.UNKNOWN,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.UNIMPLEMENTED,
+        StatusCode.INTERNAL,
+        StatusCode.UNAVAILABLE,
+        StatusCode.DATA_LOSS,
     }
 )
-_CODE_NUMBERS: dict[grpc.StatusCode, int] = {code: code.value[0] for code in grpc.StatusCode}
+_CODE_NUMBERS: dict[StatusCode, int] = {code: code.value[0] for code in StatusCode}
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _STATE_SERVER = "tracing.server"
@@ -234,7 +234,7 @@ class TracingStage(Stage):
         for event in call.events:
             server.add_event(event.name, event.attributes, event.time_ns)
         if code in SERVER_ERROR_CODES:
-            server.set_status(Status(StatusCode.ERROR, code.name))
+            server.set_status(Status(SpanStatus.ERROR, code.name))
         server.end(end)
 
     def _client_span(self, call: Call, server: Any, span_id: int, end: int) -> None:
@@ -260,8 +260,8 @@ class TracingStage(Stage):
             start_time=min(start, end),
         )
         self._ids.next_span_id = None
-        if call.code is not grpc.StatusCode.OK:
-            client.set_status(Status(StatusCode.ERROR, call.code.name))
+        if call.code is not StatusCode.OK:
+            client.set_status(Status(SpanStatus.ERROR, call.code.name))
         client.end(end)
 
     def force_flush(self, timeout_millis: int = 5000) -> bool:

@@ -32,13 +32,12 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import grpc
 from cachetools import TTLCache
 from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from prometheus_client import Counter
 
-from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage
+from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage, StatusCode
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import KEY_TABLES, keys_of
 from plugproxy.options import Option, duration, value_source
@@ -88,9 +87,9 @@ OPTIONS: list[Option] = [
 ]
 
 # Our own statuses and the caller's cancellations are not the plugin's answers.
-_NOT_JUDGED = frozenset({grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED})
+_NOT_JUDGED = frozenset({StatusCode.CANCELLED, StatusCode.DEADLINE_EXCEEDED})
 DETAILS_KEY = "grpc-status-details-bin"
-CANONICAL_STATUSES = frozenset(str(code.value[0]) for code in grpc.StatusCode)  # "0".."16"
+CANONICAL_STATUSES = frozenset(str(code.value[0]) for code in StatusCode)  # "0".."16"
 
 # How long a refused request and a successful state change are remembered: retries and
 # repeats come within minutes; older memory is more likely stale than useful.
@@ -534,7 +533,7 @@ class ValidateStage(Stage):
             v = Violation(plan.malformed, "", error, CO)
             self._record(plan, call, (v,), CO)
             if self.modes[plan.malformed.id] == ENFORCE:
-                raise Reject(grpc.StatusCode.INVALID_ARGUMENT, f"plugproxy: {error}")
+                raise Reject(StatusCode.INVALID_ARGUMENT, f"plugproxy: {error}")
             return
         out: list[Violation] = []
         if plan.request_checker is not None:
@@ -644,7 +643,7 @@ class ValidateStage(Stage):
             return
         first = enforced[0]
         more = f" (and {len(enforced) - 1} more)" if len(enforced) > 1 else ""
-        code = grpc.StatusCode[first.rule.reject_code or "INVALID_ARGUMENT"]
+        code = StatusCode[first.rule.reject_code or "INVALID_ARGUMENT"]
         raise Reject(code, f"plugproxy: {first.rule.id}: {first.message}{more}")
 
     async def _learn_capabilities(self, plan: _Plan, call: Call) -> None:
@@ -731,7 +730,7 @@ class ValidateStage(Stage):
                 why = status_problem(raw)
                 violation = Violation(rule, "", f"{why} (read as {code.name})")
                 self._record(plan, call, (violation,), PLUGIN)
-        if code is grpc.StatusCode.OK:
+        if code is StatusCode.OK:
             if plan.on_success and call.request is not None:
                 req = call.request.message
                 if req is not None:
@@ -793,7 +792,7 @@ class ValidateStage(Stage):
                         f"{code.name} status carries {what} in {DETAILS_KEY}",
                     )
                 )
-        if code is grpc.StatusCode.UNIMPLEMENTED:
+        if code is StatusCode.UNIMPLEMENTED:
             why = None
             if plan.required_rpc:
                 why = "an RPC every plugin implements"

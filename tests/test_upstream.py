@@ -1,0 +1,135 @@
+"""The plugin connection of the proxy's own: state and unary calls, over both upstreams.
+
+``Upstream`` speaks HTTP/2 itself (the frame relay's); ``GrpcUpstream`` uses a grpc channel
+(the gRPC relay's). Both face a real grpc plugin on a UNIX socket and must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import grpc
+import pytest
+
+from plugproxy.api import StatusCode, UpstreamError, UpstreamState
+from plugproxy.endpoints import parse_endpoint
+from plugproxy.log import Logger
+from plugproxy.relay.grpcrelay import GrpcUpstream
+from plugproxy.upstream import Upstream
+from tests.support import wait_until
+from tests.test_stages_metrics import ScriptedPlugin, start_plugin
+
+INFO = "/csi.v1.Identity/GetPluginInfo"
+PROBE = "/csi.v1.Identity/Probe"
+
+
+@pytest.fixture(params=["frames", "grpc"])
+def make_upstream(request: pytest.FixtureRequest) -> Any:
+    def make(path: str, out: io.StringIO) -> Upstream:
+        endpoint = parse_endpoint(f"unix://{path}")
+        if request.param == "frames":
+            return Upstream(endpoint, Logger(out), 1 << 20)
+        return GrpcUpstream(endpoint, Logger(out), 1 << 20)
+
+    return make
+
+
+async def test_state_and_calls_follow_the_plugin(tmp_path, make_upstream):
+    path = str(tmp_path / "plugin.sock")
+    out = io.StringIO()
+    upstream = make_upstream(path, out)
+    seen: list[UpstreamState] = []
+    upstream.add_listener(seen.append)
+    upstream.start()
+    try:
+        await wait_until(lambda: "upstream not reachable yet" in out.getvalue())
+        assert upstream.state is UpstreamState.DOWN
+        with pytest.raises(UpstreamError) as down:
+            await upstream.unary(INFO, b"", 1.0)
+        assert down.value.code is StatusCode.UNAVAILABLE
+
+        plugin = ScriptedPlugin()
+        plugin.answer(INFO, b"\x0a\x03abc")
+        plugin.fail(PROBE, grpc.StatusCode.FAILED_PRECONDITION, "not ready: disk")
+        server = await start_plugin(path, plugin)
+        assert await upstream.wait_ready(5)
+        assert upstream.channel_is_ready()
+        answer = await upstream.unary(INFO, b"", 2.0, [("x-request-id", "r1")])
+        assert answer == b"\x0a\x03abc"
+        assert plugin.seen[-1][0] == INFO
+        assert plugin.seen[-1][1]["x-request-id"] == "r1"
+        with pytest.raises(UpstreamError) as failed:
+            await upstream.unary(PROBE, b"", 2.0)
+        assert failed.value.code is StatusCode.FAILED_PRECONDITION
+        assert failed.value.details == "not ready: disk"
+        with pytest.raises(UpstreamError) as unknown:
+            await upstream.unary("/csi.v1.Identity/Nothing", b"", 2.0)
+        assert unknown.value.code is StatusCode.UNIMPLEMENTED
+
+        plugin.answer(INFO, b"", delay=2.0)
+        with pytest.raises(UpstreamError) as slow:
+            await upstream.unary(INFO, b"", 0.2)
+        assert slow.value.code is StatusCode.DEADLINE_EXCEEDED
+
+        await server.stop(0)
+        await wait_until(lambda: upstream.state is UpstreamState.DOWN)
+        server = await start_plugin(path, plugin)
+        plugin.answer(INFO, b"\x0a\x01x")
+        await wait_until(lambda: upstream.state is UpstreamState.UP)
+        assert await upstream.unary(INFO, b"", 2.0) == b"\x0a\x01x"
+        assert seen == [
+            UpstreamState.DOWN,
+            UpstreamState.DOWN,
+            UpstreamState.UP,
+            UpstreamState.DOWN,
+            UpstreamState.UP,
+        ]
+        await server.stop(0)
+    finally:
+        await upstream.close()
+
+
+async def test_calls_in_flight_fail_unavailable_when_the_plugin_goes(tmp_path, make_upstream):
+    path = str(tmp_path / "plugin.sock")
+    upstream = make_upstream(path, io.StringIO())
+    plugin = ScriptedPlugin()
+    plugin.answer(INFO, b"", delay=5.0)
+    server = await start_plugin(path, plugin)
+    upstream.start()
+    try:
+        assert await upstream.wait_ready(5)
+        pending = asyncio.ensure_future(upstream.unary(INFO, b"", 10.0))
+        await wait_until(lambda: bool(plugin.seen))
+        await server.stop(0)
+        with pytest.raises(UpstreamError) as gone:
+            await pending
+        assert gone.value.code is StatusCode.UNAVAILABLE
+    finally:
+        await upstream.close()
+
+
+async def test_a_socket_that_is_not_an_http2_server_is_never_up(tmp_path, make_upstream):
+    path = str(tmp_path / "plugin.sock")
+    accepted = 0
+
+    def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.close()
+
+    server = await asyncio.start_unix_server(hang_up, path)
+    upstream = make_upstream(path, io.StringIO())
+    seen: list[UpstreamState] = []
+    upstream.add_listener(seen.append)
+    upstream.start()
+    try:
+        await wait_until(lambda: accepted >= 2)
+        await asyncio.sleep(1.0)
+        assert UpstreamState.UP not in seen
+        # Redialled with backoff, not in a tight loop (0.1 s doubling to 0.8 s).
+        assert accepted <= 10
+    finally:
+        await upstream.close()
+        server.close()
