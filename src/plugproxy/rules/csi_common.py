@@ -17,6 +17,7 @@ from plugproxy.rules.engine import (
     PLUGIN,
     SHOULD,
     CompiledSpec,
+    Hooks,
     Rule,
     Violation,
     list_length,
@@ -701,6 +702,35 @@ class CsiChecks:
             "NodeUnstageVolume": self.node_unstage_error,
             "NodeUnpublishVolume": self.node_unpublish_error,
         }
+
+    def hooks(self, title: str, v1: bool, responses: dict[str, Any]) -> Hooks:
+        """The checks of this module as one family, for csi_v1 and csi_v0 alike;
+        ``responses``: the version's own response checks (RPC -> check)."""
+        return Hooks(
+            rules=csi_rules(title, v1=v1),
+            capability_needs={
+                "CreateVolume": ("plugin", "controller"),
+                "GetCapacity": ("plugin",),
+                "NodePublishVolume": ("node",),
+            },
+            request_checks={
+                "CreateVolume": (self.create_volume_request,),
+                "GetCapacity": (self.get_capacity_request,),
+                "NodePublishVolume": (self.node_publish_request,),
+                "NodeUnstageVolume": (self.node_unstage_request,),
+                "ControllerUnpublishVolume": (self.controller_unpublish_request,),
+            },
+            response_checks={
+                "CreateVolume": (self.create_volume_response,),
+                "NodeGetInfo": (self.node_get_info_response,),
+                "ListVolumes": (self.list_response,),
+                "ListSnapshots": (self.list_response,),
+                "CreateSnapshot": (self.create_snapshot_response,),
+                **{rpc: (check,) for rpc, check in responses.items()},
+            },
+            on_success={k: (v,) for k, v in self.lifecycle_transitions().items()},
+            on_error={k: (v,) for k, v in self.lifecycle_errors().items()},
+        )
 
     # -- responses (party plugin) -------------------------------------------------------
 

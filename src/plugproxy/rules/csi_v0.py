@@ -19,7 +19,6 @@ from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
 from plugproxy.rules.csi_common import (
     TRANSPORT_CODES,
     CsiChecks,
-    csi_rules,
     staging_path_missing,
 )
 from plugproxy.rules.engine import (
@@ -278,31 +277,7 @@ STATE_CHANGES: dict[str, StateChange] = {
 }
 
 # The checks of csi_common; the families in their own modules follow (merged below).
-_BASE = Hooks(
-    rules=csi_rules(TITLE, v1=False),
-    capability_needs={
-        "CreateVolume": ("plugin", "controller"),
-        "GetCapacity": ("plugin",),
-        "NodePublishVolume": ("node",),
-    },
-    request_checks={
-        "CreateVolume": (_checks.create_volume_request,),
-        "GetCapacity": (_checks.get_capacity_request,),
-        "NodePublishVolume": (_checks.node_publish_request,),
-        "NodeUnstageVolume": (_checks.node_unstage_request,),
-        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
-    },
-    response_checks={
-        "CreateVolume": (_checks.create_volume_response,),
-        "NodeGetInfo": (_checks.node_get_info_response,),
-        "NodeGetId": (_checks.node_get_id_response,),
-        "ListVolumes": (_checks.list_response,),
-        "ListSnapshots": (_checks.list_response,),
-        "CreateSnapshot": (_checks.create_snapshot_response,),
-    },
-    on_success={k: (v,) for k, v in _checks.lifecycle_transitions().items()},
-    on_error={k: (v,) for k, v in _checks.lifecycle_errors().items()},
-)
+_BASE = _checks.hooks(TITLE, False, {"NodeGetId": _checks.node_get_id_response})
 
 
 class NodeInfoSeen:

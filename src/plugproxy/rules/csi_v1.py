@@ -22,12 +22,10 @@ from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
 from plugproxy.rules.csi_common import (
     TRANSPORT_CODES,
     CsiChecks,
-    csi_rules,
     staging_path_missing,
 )
 from plugproxy.rules.engine import (
     FixFirst,
-    Hooks,
     ServiceNeeds,
     SpecTable,
     StateChange,
@@ -426,32 +424,14 @@ STATE_CHANGES: dict[str, StateChange] = {
 ACCEPTED_NOT_JUDGED = frozenset({"csi.call-order"})
 
 # The checks of csi_common; the families in their own modules follow (merged below).
-_BASE = Hooks(
-    rules=csi_rules(TITLE, v1=True),
-    request_checks={
-        "CreateVolume": (_checks.create_volume_request,),
-        "GetCapacity": (_checks.get_capacity_request,),
-        "NodePublishVolume": (_checks.node_publish_request,),
-        "NodeUnstageVolume": (_checks.node_unstage_request,),
-        "ControllerUnpublishVolume": (_checks.controller_unpublish_request,),
+_BASE = _checks.hooks(
+    TITLE,
+    True,
+    {
+        "ValidateVolumeCapabilities": _checks.validate_response,
+        "GetMetadataAllocated": _checks.metadata_response,
+        "GetMetadataDelta": _checks.metadata_response,
     },
-    capability_needs={
-        "CreateVolume": ("plugin", "controller"),
-        "GetCapacity": ("plugin",),
-        "NodePublishVolume": ("node",),
-    },
-    response_checks={
-        "CreateVolume": (_checks.create_volume_response,),
-        "NodeGetInfo": (_checks.node_get_info_response,),
-        "ListVolumes": (_checks.list_response,),
-        "ListSnapshots": (_checks.list_response,),
-        "CreateSnapshot": (_checks.create_snapshot_response,),
-        "ValidateVolumeCapabilities": (_checks.validate_response,),
-        "GetMetadataAllocated": (_checks.metadata_response,),
-        "GetMetadataDelta": (_checks.metadata_response,),
-    },
-    on_success={k: (v,) for k, v in _checks.lifecycle_transitions().items()},
-    on_error={k: (v,) for k, v in _checks.lifecycle_errors().items()},
 )
 
 TABLE = SpecTable(
