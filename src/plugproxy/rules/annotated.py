@@ -26,7 +26,7 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from plugproxy.api import SpecInfo
-from plugproxy.rules.engine import CO, MUST, PLUGIN, Rule, SpecTable
+from plugproxy.rules.engine import CO, MUST, PLUGIN, Rule, SpecTable, malformed_message_rule
 
 FIELD_BEHAVIOR = "google.api.field_behavior"
 RULE_SUFFIXES = (
@@ -53,13 +53,7 @@ def rules_for(spec: SpecInfo) -> tuple[Rule, ...]:
             f"{where} §{{rpc}} ({FIELD_BEHAVIOR} = REQUIRED, AIP-203)",
             "A field annotated google.api.field_behavior = REQUIRED is missing.",
         ),
-        Rule(
-            f"{family}.malformed-message",
-            MUST,
-            (CO, PLUGIN),
-            f"{where} §{{rpc}}",
-            "The message bytes do not decode as the RPC's message type.",
-        ),
+        malformed_message_rule(family, f"{where} §{{rpc}}", "INVALID_ARGUMENT"),
         Rule(
             f"{family}.status-code-not-canonical",
             MUST,

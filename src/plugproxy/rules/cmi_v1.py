@@ -37,6 +37,7 @@ from plugproxy.rules.engine import (
     SpecTable,
     StateChange,
     Violation,
+    malformed_message_rule,
 )
 from plugproxy.rules.memory import ago, message_digest, parts_digest
 
@@ -86,13 +87,7 @@ RULES = (
         f"{TITLE} §Secrets Requirements",
         "A Secrets map key is not made of alphanumerics, '-', '_' and '.'.",
     ),
-    Rule(
-        "cmi.malformed-message",
-        MUST,
-        BOTH,
-        f"{TITLE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-    ),
+    malformed_message_rule("cmi", f"{TITLE} §{{rpc}}", "INVALID_ARGUMENT"),
     Rule(
         "cmi.error-message-empty",
         MUST,

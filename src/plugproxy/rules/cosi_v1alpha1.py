@@ -31,6 +31,7 @@ from plugproxy.rules.engine import (
     SpecTable,
     StateChange,
     Violation,
+    malformed_message_rule,
 )
 from plugproxy.rules.memory import HANDOVER, ago, map_digest, message_digest
 
@@ -72,13 +73,7 @@ RULES = (
         f"{TITLE} §Secrets Requirements",
         "A secrets map key is not made of alphanumerics, '-', '_' and '.'.",
     ),
-    Rule(
-        "cosi.malformed-message",
-        MUST,
-        BOTH,
-        f"{TITLE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-    ),
+    malformed_message_rule("cosi", f"{TITLE} §{{rpc}}", "INVALID_ARGUMENT"),
     Rule(
         "cosi.error-message-empty",
         MUST,

@@ -21,6 +21,7 @@ from plugproxy.rules.engine import (
     Rule,
     Violation,
     list_length,
+    malformed_message_rule,
 )
 from plugproxy.rules.memory import HANDOVER, ago, message_digest
 
@@ -96,13 +97,7 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §{{rpc}}",
             "A size, capacity, count or usage field the spec says MUST NOT be negative is.",
         ),
-        Rule(
-            "csi.malformed-message",
-            MUST,
-            BOTH,
-            f"{title} §{{rpc}}",
-            "The message bytes do not decode as the RPC's message type.",
-        ),
+        malformed_message_rule("csi", f"{title} §{{rpc}}", "INVALID_ARGUMENT"),
         Rule(
             "csi.error-message-empty",
             MUST,

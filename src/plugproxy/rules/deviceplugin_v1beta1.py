@@ -27,6 +27,7 @@ from plugproxy.rules.engine import (
     Rule,
     SpecTable,
     Violation,
+    malformed_message_rule,
 )
 
 if TYPE_CHECKING:
@@ -73,14 +74,7 @@ RULES = (
         " including every must-include one, or not one per container request (advisory).",
         reject_code=None,
     ),
-    Rule(
-        "deviceplugin.malformed-message",
-        MUST,
-        (CO, PLUGIN),
-        f"{TITLE} {FILE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-        reject_code=None,
-    ),
+    malformed_message_rule("deviceplugin", f"{TITLE} {FILE} §{{rpc}}", None),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {

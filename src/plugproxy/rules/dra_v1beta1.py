@@ -13,7 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules.engine import CO, MUST, PLUGIN, CompiledSpec, Rule, SpecTable, Violation
+from plugproxy.rules.engine import (
+    CO,
+    MUST,
+    PLUGIN,
+    CompiledSpec,
+    Rule,
+    SpecTable,
+    Violation,
+    malformed_message_rule,
+)
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -44,14 +53,7 @@ RULES = (
         note="kubelet calls NodePrepareResources again for claims left out; the API still"
         " calls it an error.",
     ),
-    Rule(
-        "dra.malformed-message",
-        MUST,
-        (CO, PLUGIN),
-        f"{TITLE} {FILE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-        reject_code=None,
-    ),
+    malformed_message_rule("dra", f"{TITLE} {FILE} §{{rpc}}", None),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {

@@ -54,6 +54,19 @@ class Rule:
         return self.section.replace("{rpc}", rpc)
 
 
+def malformed_message_rule(family: str, section: str, reject_code: str | None) -> Rule:
+    """``<family>.malformed-message``, which every table has: the bytes do not decode as
+    the RPC's message type (``section`` may contain ``{rpc}``)."""
+    return Rule(
+        f"{family}.malformed-message",
+        MUST,
+        (CO, PLUGIN),
+        section,
+        "The message bytes do not decode as the RPC's message type.",
+        reject_code=reject_code,
+    )
+
+
 @dataclass(slots=True)
 class Violation:
     """One broken rule in one message or call. Messages never quote string values."""

@@ -15,7 +15,15 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules.engine import CO, MUST, PLUGIN, CompiledSpec, Rule, SpecTable, Violation
+from plugproxy.rules.engine import (
+    MUST,
+    PLUGIN,
+    CompiledSpec,
+    Rule,
+    SpecTable,
+    Violation,
+    malformed_message_rule,
+)
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -66,14 +74,7 @@ RULES = (
         'Status answers a version other than "v2" or "v2beta1".',
         reject_code=None,
     ),
-    Rule(
-        "kms.malformed-message",
-        MUST,
-        (CO, PLUGIN),
-        f"{TITLE} {FILE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-        reject_code=None,
-    ),
+    malformed_message_rule("kms", f"{TITLE} {FILE} §{{rpc}}", None),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.engine import (
-    CO,
     MUST,
     PLUGIN,
     SHOULD,
@@ -23,6 +22,7 @@ from plugproxy.rules.engine import (
     Rule,
     SpecTable,
     Violation,
+    malformed_message_rule,
 )
 
 if TYPE_CHECKING:
@@ -51,14 +51,7 @@ RULES = (
         "PluginInfo.type is none of CSIPlugin, DevicePlugin, DRAPlugin (advisory).",
         reject_code=None,
     ),
-    Rule(
-        "pluginregistration.malformed-message",
-        MUST,
-        (CO, PLUGIN),
-        f"{TITLE} {FILE} §{{rpc}}",
-        "The message bytes do not decode as the RPC's message type.",
-        reject_code=None,
-    ),
+    malformed_message_rule("pluginregistration", f"{TITLE} {FILE} §{{rpc}}", None),
 )
 
 REQUIRED: dict[str, tuple[str, ...]] = {
