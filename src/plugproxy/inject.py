@@ -820,14 +820,8 @@ def transform_text(
 # ------------------------------------------------------------------------ command line
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="*",
-        default=["-"],
-        metavar="PATH",
-        help="YAML files or directories (*.yaml, *.yml); - or nothing: stdin",
-    )
+def add_injection_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the injected proxy looks like: shared by `inject` and `webhook`."""
     parser.add_argument(
         "--image", default=DEFAULT_IMAGE, help="plugproxy image to run (default: %(default)s)"
     )
@@ -846,11 +840,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one more `plugproxy serve` flag, e.g. --serve-arg=--serialize=wait; repeatable",
     )
     parser.add_argument(
-        "--driver-container",
-        metavar="NAME",
-        help="the container serving the plugin socket, where the manifests do not say",
-    )
-    parser.add_argument(
         "--spec",
         choices=("auto", *SPEC_NAMES),
         help="spec the proxy decodes calls with (default: told by the endpoint)",
@@ -859,6 +848,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--proxy-user",
         metavar="UID",
         help="UID plugproxy runs as (default: the driver's; root if the manifests do not say)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        default=["-"],
+        metavar="PATH",
+        help="YAML files or directories (*.yaml, *.yml); - or nothing: stdin",
+    )
+    add_injection_arguments(parser)
+    parser.add_argument(
+        "--driver-container",
+        metavar="NAME",
+        help="the container serving the plugin socket, where the manifests do not say",
     )
     parser.add_argument("--remove", action="store_true", help="take injected plugproxy out again")
     mode = parser.add_mutually_exclusive_group()
@@ -899,7 +904,7 @@ def options_from(ns: argparse.Namespace) -> InjectOptions:
         ns.image,
         ns.validation,
         tuple(ns.serve_args),
-        ns.driver_container,
+        getattr(ns, "driver_container", None),  # `webhook` reads it from the pod
         ns.spec,
         parse_proxy_user(ns.proxy_user),
     )

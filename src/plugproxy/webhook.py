@@ -32,7 +32,6 @@ from typing import Any
 from plugproxy import inject, tlsfiles
 from plugproxy.endpoints import ConfigError
 from plugproxy.log import LEVELS, Logger
-from plugproxy.registry import SPEC_NAMES
 
 ADMISSION_API = "admission.k8s.io/v1"
 MAX_BODY = 8 * 1024 * 1024  # the API server sends at most a few MiB per object
@@ -312,35 +311,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serving certificate chain (PEM); re-read when it changes",
     )
     parser.add_argument("--tls-key", required=True, metavar="FILE", help="its private key (PEM)")
-    parser.add_argument(
-        "--image",
-        default=inject.DEFAULT_IMAGE,
-        help="plugproxy image to inject (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--validation",
-        default="audit",
-        choices=("audit", "enforce"),
-        help="what the proxy does with spec violations (default: audit)",
-    )
-    parser.add_argument(
-        "--serve-arg",
-        dest="serve_args",
-        action="append",
-        default=[],
-        metavar="FLAG",
-        help="one more `plugproxy serve` flag for injected proxies; repeatable",
-    )
-    parser.add_argument(
-        "--spec",
-        choices=("auto", *SPEC_NAMES),
-        help="spec the proxy decodes calls with (default: told by the endpoint)",
-    )
-    parser.add_argument(
-        "--proxy-user",
-        metavar="UID",
-        help="UID injected proxies run as (default: the driver's; root if the pod does not say)",
-    )
+    inject.add_injection_arguments(parser)
     parser.add_argument(
         "--fail-closed",
         action="store_true",
@@ -358,14 +329,7 @@ def parse_listen(raw: str) -> tuple[str, int]:
 
 
 def build_server(ns: argparse.Namespace, logger: Logger) -> WebhookServer:
-    inject.check_serve_args(ns.serve_args)
-    options = inject.InjectOptions(
-        image=ns.image,
-        validation=ns.validation,
-        serve_args=tuple(ns.serve_args),
-        spec=ns.spec,
-        proxy_user=inject.parse_proxy_user(ns.proxy_user),
-    )
+    options = inject.options_from(ns)
     address = parse_listen(ns.listen)
     certificate = ServingCertificate(ns.tls_cert, ns.tls_key, logger)
     try:
