@@ -115,7 +115,9 @@ async def test_kms_round_trip_leaks_no_plaintext_from_a_real_proxy_process(tmp_p
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _stub(ch, f"{KMS}/Decrypt")(
                     _new(
-                        f"{KMS}/Decrypt", ciphertext=enc.ciphertext[:-1] + b"\0", key_id=enc.key_id
+                        f"{KMS}/Decrypt",
+                        ciphertext=enc.ciphertext[:-1] + bytes([enc.ciphertext[-1] ^ 1]),
+                        key_id=enc.key_id,
                     ),
                     timeout=10,
                 )
