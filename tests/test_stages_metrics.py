@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from plugproxy import __version__, admin, serve
@@ -373,7 +373,7 @@ def test_unknown_method_paths_are_capped():
     )
 
 
-def test_label_children_are_resolved_once_per_method_and_code():
+def test_series_are_resolved_once_per_method_and_code():
     registry = CollectorRegistry()
     stage = MetricsStage(registry)
     info = Registry(["csi.v1"]).lookup(CREATE)
@@ -381,11 +381,11 @@ def test_label_children_are_resolved_once_per_method_and_code():
     first = Call(info, (), [], None)
     stage.on_start(first)
     stage.on_finish(first)
-    children = stage._methods[CREATE].by_code[StatusCode.OK]
+    children = stage.methods[CREATE].by_code[StatusCode.OK]
     second = Call(info, (), [], None)
     stage.on_start(second)
     stage.on_finish(second)
-    assert stage._methods[CREATE].by_code[StatusCode.OK] is children
+    assert stage.methods[CREATE].by_code[StatusCode.OK] is children
 
 
 def test_disabled_by_option_builds_nothing():
@@ -411,3 +411,20 @@ async def test_a_fresh_proxy_exposes_what_the_alerts_compare_and_no_created_samp
     assert value(samples, "plugproxy_upstream_up") == 1
     assert value(samples, "plugproxy_serialization_queue_depth") == 0
     assert "_created" not in body
+
+
+def test_histograms_expose_what_prometheus_client_would_for_the_same_observations():
+    """The stage keeps its own counts; the exposition must match prometheus_client's
+    Histogram sample for sample (cumulative buckets, le spelling, sum and count)."""
+    values = (0.0, 0.0005, 0.001, 0.0011, 0.3, 2.5, 599.0, 601.0, 1e9)
+    reference_registry = CollectorRegistry()
+    reference = Histogram("ref", "ref", buckets=metrics.RPC_BUCKETS, registry=reference_registry)
+    ours = metrics._Histogram(metrics.RPC_BUCKETS)
+    for v in values:
+        reference.observe(v)
+        ours.observe(v)
+    (family,) = text_string_to_metric_families(generate_latest(reference_registry).decode())
+    expected = [(s.labels["le"], s.value) for s in family.samples if s.name == "ref_bucket"]
+    assert ours.cumulative() == expected
+    ref_sum = next(s.value for s in family.samples if s.name == "ref_sum")
+    assert ours.sum == pytest.approx(ref_sum)

@@ -19,10 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from plugproxy import __version__
 from plugproxy.api import Call, MethodInfo, Runtime, Stage, StatusCode, UpstreamError, UpstreamState
@@ -135,8 +143,41 @@ def register_process_metrics(registry: CollectorRegistry, upstream: Any) -> None
         on_state(upstream.state)
 
 
+class _Histogram:
+    """One histogram series: per-bucket counts (not cumulative) and the sum.
+
+    Plain integers, no lock: every call ends on the event loop's thread. A scrape from the
+    admin thread may read a count one call ahead of the sum, as Prometheus' Go client can.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        total = 0
+        for le, count in zip(_le_labels(self.bounds), self.counts, strict=True):
+            total += count
+            out.append((le, total))
+        return out
+
+
+@functools.cache
+def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """Bucket bounds as the ``le`` label spells them (``0.001``, ``600.0``, ``+Inf``)."""
+    return (*(repr(float(b)) for b in bounds), "+Inf")
+
+
 class _MethodMetrics:
-    """Label children of one method, resolved once; per-code children on first use."""
+    """The series of one method label, resolved once: a call touches no label lookup."""
 
     __slots__ = (
         "by_code",
@@ -149,39 +190,73 @@ class _MethodMetrics:
         "spec",
     )
 
-    def __init__(self, stage: MetricsStage, info: MethodInfo, label: str) -> None:
+    def __init__(self, info: MethodInfo, label: str) -> None:
         self.label = label
         self.spec = info.spec_name
         self.csi = info.spec is not None and info.spec.family == "csi"
         # GetPluginInfo answers teach the stage the CSI driver name.
         self.driver_info = self.csi and info.name == "GetPluginInfo"
-        self.inflight = stage.inflight.labels(method=label)
-        self.by_code: dict[StatusCode, tuple[Any, Any]] = {}
-        self.requests: Any = None
-        self.responses: Any = None
-        if not info.kind.unary_request:
-            self.requests = stage.stream_messages.labels(method=label, direction="request")
-        if not info.kind.unary_response:
-            self.responses = stage.stream_messages.labels(method=label, direction="response")
+        self.inflight = 0
+        # status code -> (plugproxy_rpc_duration_seconds, csi_sidecar_operations_seconds)
+        self.by_code: dict[StatusCode, tuple[_Histogram, _Histogram | None]] = {}
+        # Stream message counts, only for the streaming sides (None: a unary side).
+        self.requests: int | None = None if info.kind.unary_request else 0
+        self.responses: int | None = None if info.kind.unary_response else 0
 
-    def children(self, stage: MetricsStage, code: StatusCode) -> tuple[Any, Any]:
-        pair = self.by_code.get(code)
-        if pair is None:
-            duration = stage.duration.labels(spec=self.spec, method=self.label, code=code.name)
-            csi = None
-            if self.csi:
-                csi = stage.csi_operations.labels(
-                    driver_name=stage.driver_name,
-                    method_name=self.label,
-                    grpc_status_code=GO_CODE_NAMES[code],
+
+class CallMetrics:
+    """What the stage counts, exported at scrape time as the four per-call metric families.
+
+    prometheus_client's own metric objects take a lock and resolve label children on every
+    observation; here a call adds to plain numbers held per method, and the families are
+    built only when /metrics is read.
+    """
+
+    def __init__(self, stage: MetricsStage) -> None:
+        self.stage = stage
+
+    def describe(self) -> list[Metric]:
+        return []  # families are built at scrape time; nothing to check at registration
+
+    def collect(self) -> list[Metric]:
+        stage = self.stage
+        duration = HistogramMetricFamily(
+            "plugproxy_rpc_duration_seconds",
+            "Time from a call's arrival to the status the CO received",
+            labels=["spec", "method", "code"],
+        )
+        inflight = GaugeMetricFamily(
+            "plugproxy_rpc_in_flight", "Calls between arrival and status", labels=["method"]
+        )
+        streamed = CounterMetricFamily(
+            "plugproxy_rpc_stream_messages",
+            "Messages of streaming calls, by direction (request: CO to plugin)",
+            labels=["method", "direction"],
+        )
+        csi = HistogramMetricFamily(
+            "csi_sidecar_operations_seconds",
+            "Container Storage Interface operation duration with gRPC error code status total",
+            labels=["driver_name", "method_name", "grpc_status_code"],
+        )
+        for state in list(stage.methods.values()):
+            inflight.add_metric([state.label], state.inflight)
+            if state.requests is not None:
+                streamed.add_metric([state.label, "request"], state.requests)
+            if state.responses is not None:
+                streamed.add_metric([state.label, "response"], state.responses)
+            for code, (series, _) in list(state.by_code.items()):
+                duration.add_metric(
+                    [state.spec, state.label, code.name],
+                    series.cumulative(),
+                    series.sum,
                 )
-            pair = (duration, csi)
-            self.by_code[code] = pair
-        return pair
+        for (driver, label, code), series in list(stage.csi_series.items()):
+            csi.add_metric([driver, label, GO_CODE_NAMES[code]], series.cumulative(), series.sum)
+        return [duration, inflight, streamed, csi]
 
 
 class MetricsStage(Stage):
-    """Records latency, in-flight calls and stream messages into ``registry``."""
+    """Records latency, in-flight calls and stream messages; exported through ``registry``."""
 
     name = "metrics"
     fail_open = True
@@ -193,98 +268,98 @@ class MetricsStage(Stage):
         csi_info_path: str | None = None,
         max_unknown_methods: int = MAX_UNKNOWN_METHODS,
     ) -> None:
-        self.duration = Histogram(
-            "plugproxy_rpc_duration_seconds",
-            "Time from a call's arrival to the status the CO received",
-            ["spec", "method", "code"],
-            buckets=RPC_BUCKETS,
-            registry=registry,
-        )
-        self.inflight = Gauge(
-            "plugproxy_rpc_in_flight",
-            "Calls between arrival and status",
-            ["method"],
-            registry=registry,
-        )
-        self.stream_messages = Counter(
-            "plugproxy_rpc_stream_messages",
-            "Messages of streaming calls, by direction (request: CO to plugin)",
-            ["method", "direction"],
-            registry=registry,
-        )
-        self.csi_operations = Histogram(
-            "csi_sidecar_operations_seconds",
-            "Container Storage Interface operation duration with gRPC error code status total",
-            ["driver_name", "method_name", "grpc_status_code"],
-            buckets=CSI_SIDECAR_BUCKETS,
-            registry=registry,
-        )
+        # method path (or UNKNOWN_METHOD) -> its series
+        self.methods: dict[str, _MethodMetrics] = {}
+        # (driver_name, method label, code) -> csi_sidecar_operations_seconds series; a
+        # series made before the driver name was learnt keeps its label, as the sidecars'.
+        self.csi_series: dict[tuple[str, str, StatusCode], _Histogram] = {}
         self.driver_name = UNKNOWN_DRIVER
         self._upstream = upstream
         self._csi_info_path = csi_info_path
         self._max_unknown = max_unknown_methods
-        self._methods: dict[str, _MethodMetrics] = {}
         self._unknown_paths = 0
         self._asker: asyncio.Task[None] | None = None
+        registry.register(CallMetrics(self))
 
     # -- per-method state, resolved at startup (wants) or on first sight --------------------
 
     def _method(self, info: MethodInfo) -> _MethodMetrics:
-        state = self._methods.get(info.path)
+        state = self.methods.get(info.path)
         if state is not None:
             return state
         label = info.path
         if not info.known:
             if self._unknown_paths >= self._max_unknown:
                 label = UNKNOWN_METHOD
-                state = self._methods.get(UNKNOWN_METHOD)
+                state = self.methods.get(UNKNOWN_METHOD)
                 if state is not None:
                     return state
             else:
                 self._unknown_paths += 1
-        state = _MethodMetrics(self, info, label)
-        self._methods[label if label == UNKNOWN_METHOD else info.path] = state
+        state = _MethodMetrics(info, label)
+        self.methods[label] = state
         return state
 
     def wants(self, method: MethodInfo) -> bool:
         self._method(method)
         return True
 
+    def _series(
+        self, state: _MethodMetrics, code: StatusCode
+    ) -> tuple[_Histogram, _Histogram | None]:
+        """The series a call of ``state``'s method ending in ``code`` adds to; made once."""
+        pair = state.by_code[code] = (_Histogram(RPC_BUCKETS), self._csi(state, code))
+        return pair
+
+    def _csi(self, state: _MethodMetrics, code: StatusCode) -> _Histogram | None:
+        if not state.csi:
+            return None
+        key = (self.driver_name, state.label, code)
+        series = self.csi_series.get(key)
+        if series is None:
+            series = self.csi_series[key] = _Histogram(CSI_SIDECAR_BUCKETS)
+        return series
+
     # -- hooks --------------------------------------------------------------------------------
 
     def on_start(self, call: Call) -> None:
-        self._method(call.method).inflight.inc()
+        self._method(call.method).inflight += 1
 
     def on_finish(self, call: Call) -> None:
         state = self._method(call.method)
-        state.inflight.dec()
+        state.inflight -= 1
+        code = call.code
         # GetPluginInfo names the driver: learnt before its own call is counted, so the
         # first call is not the one series left with driver_name="unknown-driver".
-        if state.driver_info and call.code is StatusCode.OK and call.response is not None:
+        if state.driver_info and code is StatusCode.OK and call.response is not None:
             message = call.response.message
             name = getattr(message, "name", "") if message is not None else ""
             if name:
                 self.set_driver_name(name)
         elapsed = call.elapsed
-        duration, csi = state.children(self, call.code)
+        duration, csi = state.by_code.get(code) or self._series(state, code)
         duration.observe(elapsed)
         if csi is not None:
             csi.observe(elapsed)
-        if state.requests is not None and call.request_count:
-            state.requests.inc(call.request_count)
-        if state.responses is not None and call.response_count:
-            state.responses.inc(call.response_count)
+        if state.requests is not None:
+            state.requests += call.request_count
+        if state.responses is not None:
+            state.responses += call.response_count
 
     # -- driver name --------------------------------------------------------------------------
 
     def set_driver_name(self, name: str) -> None:
-        """Use ``name`` as driver_name from now on (children are re-resolved lazily)."""
+        """Use ``name`` as driver_name from now on (series are re-resolved lazily)."""
         if name == self.driver_name:
             return
         self.driver_name = name
-        for state in self._methods.values():
+        for state in self.methods.values():
             if state.csi:
-                state.by_code.clear()
+                # The duration series stay; only the csi series switch to the new label.
+                state.by_code = {
+                    code: (duration, self._csi(state, code))
+                    for code, (duration, _) in state.by_code.items()
+                }
 
     async def _ask_driver_name(self) -> None:
         """Ask the plugin's GetPluginInfo once it is reachable, until it answers or refuses."""
