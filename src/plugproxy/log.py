@@ -21,12 +21,16 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _second: list[tuple[int, str]] = [(-1, "")]
 
 
+# ".000Z" … ".999Z": the millisecond part of a timestamp, looked up instead of formatted.
+_MILLIS = tuple(f".{ms:03d}Z" for ms in range(1000))
+
+
 def _iso(ts: float) -> str:
     whole = int(ts)
     second = _second[0]  # one read: another thread may swap in a newer second meanwhile
     if second[0] != whole:
         second = _second[0] = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
-    return f"{second[1]}.{int((ts - whole) * 1000):03d}Z"
+    return second[1] + _MILLIS[min(int((ts - whole) * 1000), 999)]
 
 
 def _json_line(record: dict[str, Any]) -> str:
@@ -61,6 +65,10 @@ class Logger:
         return LEVELS[level] >= self.threshold
 
     def log(self, level: str, event: str, **fields: Any) -> None:
+        self.record(level, event, fields)
+
+    def record(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        """:meth:`log` with the fields as a dict (not copied): the call log's path."""
         if LEVELS[level] < self.threshold:
             return
         now = time.time()
@@ -97,13 +105,13 @@ class Logger:
                 self._write(text)
 
     def debug(self, event: str, **fields: Any) -> None:
-        self.log("debug", event, **fields)
+        self.record("debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
-        self.log("info", event, **fields)
+        self.record("info", event, fields)
 
     def warning(self, event: str, **fields: Any) -> None:
-        self.log("warning", event, **fields)
+        self.record("warning", event, fields)
 
     def error(self, event: str, **fields: Any) -> None:
-        self.log("error", event, **fields)
+        self.record("error", event, fields)

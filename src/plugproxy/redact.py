@@ -439,7 +439,13 @@ class Redactor:
         ``raw``, the message's wire bytes, makes this cheaper: the rendered message is only
         searched when some secret occurs in them more often than the secret fields themselves
         account for."""
-        rendered = self.render(message, max_bytes, sample)
+        return self.scrub_call(self.render(message, max_bytes, sample), call, raw)
+
+    def scrub_call(
+        self, rendered: dict[str, Any], call: Call, raw: bytes | None = None
+    ) -> dict[str, Any]:
+        """``rendered`` (from :meth:`render`, left unchanged) with any secret value of the
+        call's request masked wherever it appears; ``raw`` as for :meth:`render_call`."""
         secrets = self.call_secrets(call)
         if secrets and raw is not None:
             own = 1 if call.request is not None and raw is call.request.raw else 0

@@ -35,7 +35,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from plugproxy import redact
-from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage
+from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage, StatusCode
 from plugproxy.keys import keys_of
 from plugproxy.log import Logger
 from plugproxy.options import Option, byte_size
@@ -45,6 +45,9 @@ MAX_ADOPTED_ID = 128
 # Container runtimes split log lines over 16 KiB (containerd's max_container_log_line_size),
 # which breaks a JSON line in two; two payloads of 4 KiB keep a call line well under that.
 PAYLOAD_MAX_BYTES = 4 * 1024
+# Renders of messages up to this size are remembered, this many of them at most.
+RENDER_MEMO_MAX_BYTES = 512
+RENDER_MEMO_ENTRIES = 128
 
 OPTIONS: list[Option] = [
     Option(
@@ -101,6 +104,9 @@ class CallLogStage(Stage):
         self.errors_only = errors_only
         self.payload_max_bytes = payload_max_bytes
         self.log_payloads = False
+        # (message class, wire bytes) -> the redacted render of a small message; never
+        # mutated once made (scrub_call copies what it masks).
+        self._rendered: dict[tuple[type[Message] | None, bytes], dict[str, Any]] = {}
         self._prefix = os.urandom(3).hex()
         self._counter = itertools.count(1)
 
@@ -116,13 +122,14 @@ class CallLogStage(Stage):
 
     def on_finish(self, call: Call) -> None:
         violations: list[str] = []
-        for event in call.events:
-            if event.name == "violation":
-                rule = str(event.attributes.get("rule", ""))
-                if rule not in violations:
-                    violations.append(rule)
-        ok = call.code.value[0] == 0
-        if self.errors_only and ok and not violations:
+        if call.events:
+            for event in call.events:
+                if event.name == "violation":
+                    rule = str(event.attributes.get("rule", ""))
+                    if rule not in violations:
+                        violations.append(rule)
+        code = call.code
+        if self.errors_only and code is StatusCode.OK and not violations:
             return
         if not self.logger.enabled("info"):
             return
@@ -136,10 +143,10 @@ class CallLogStage(Stage):
             "method": method.path,
             "keys": [red.mask_text(k, call) for k in keys] if secrets else list(keys),
             "duration_ms": round(call.elapsed * 1000, 3),
-            "code": call.code.name,
+            "code": code.name,
         }
         if call.details:
-            fields["message"] = red.mask_text(call.details, call)
+            fields["message"] = red.mask_text(call.details, call) if secrets else call.details
         if call.rejected:
             fields["rejected"] = True
         wait = call.stage_state.get("serialize.wait_seconds")
@@ -147,23 +154,24 @@ class CallLogStage(Stage):
             fields["serialize_wait_ms"] = round(float(wait) * 1000, 3)
         if violations:
             fields["violations"] = violations
-        if method.kind is not CallKind.UNARY_UNARY:
+        kind = method.kind
+        if kind is not CallKind.UNARY_UNARY:
             fields["request_count"] = call.request_count
             fields["response_count"] = call.response_count
         if self.log_payloads:
-            self._payloads(call, fields)
-        self.logger.info("call", **fields)
-
-    def _payloads(self, call: Call, fields: dict[str, Any]) -> None:
-        kind = call.method.kind
-        request = call.request if kind.unary_request else call.stage_state.get(_FIRST_REQUEST)
-        response = (
-            call.response if kind is CallKind.UNARY_UNARY else call.stage_state.get(_FIRST_RESPONSE)
-        )
-        first = "" if kind.unary_request else "first_"
-        self._payload(fields, first + "request", request, call)
-        first = "" if kind.unary_response else "first_"
-        self._payload(fields, first + "response", response, call)
+            if kind is CallKind.UNARY_UNARY:
+                request, response = call.request, call.response
+            else:
+                state = call.stage_state
+                request = call.request if kind.unary_request else state.get(_FIRST_REQUEST)
+                response = call.response if kind.unary_response else state.get(_FIRST_RESPONSE)
+            self._payload(
+                fields, "request" if kind.unary_request else "first_request", request, call
+            )
+            self._payload(
+                fields, "response" if kind.unary_response else "first_response", response, call
+            )
+        self.logger.record("info", "call", fields)
 
     def _payload(
         self,
@@ -174,17 +182,29 @@ class CallLogStage(Stage):
     ) -> None:
         if lazy is None:
             return
-        fields[label + "_bytes"] = len(lazy.raw)
-        message: Message | None = lazy.sampled
-        if message is None:
-            fields[label + "_error"] = lazy.decode_error or "message type unknown"
-            return
-        sample = lazy.sample
-        if sample is not None:
-            fields[label + "_sampled"] = dict(sample.totals)
-        fields[label] = self.redactor.render_call(
-            message, call, self.payload_max_bytes, lazy.raw, sample
-        )
+        raw = lazy.raw
+        fields[label + "_bytes"] = len(raw)
+        rendered: dict[str, Any] | None = None
+        memo_key = None
+        if len(raw) <= RENDER_MEMO_MAX_BYTES:
+            # Small messages repeat (probes, capability and info queries, the same publish
+            # retried): their render depends on their bytes alone, so it is made once.
+            memo_key = (lazy.cls, raw)
+            rendered = self._rendered.get(memo_key)
+        if rendered is None:
+            message: Message | None = lazy.sampled
+            if message is None:
+                fields[label + "_error"] = lazy.decode_error or "message type unknown"
+                return
+            sample = lazy.sample
+            if sample is not None:
+                fields[label + "_sampled"] = dict(sample.totals)
+            rendered = self.redactor.render(message, self.payload_max_bytes, sample)
+            if memo_key is not None:
+                if len(self._rendered) >= RENDER_MEMO_ENTRIES:
+                    del self._rendered[next(iter(self._rendered))]  # the oldest
+                self._rendered[memo_key] = rendered
+        fields[label] = self.redactor.scrub_call(rendered, call, raw)
 
 
 class PayloadCallLogStage(CallLogStage):
