@@ -687,12 +687,16 @@ class H2Connection:
             del self.streams[end.id]
             self.out.append(rst_stream(end.id, NO_ERROR))
             self._remember_reset(end.id)
+            end.owner = None
         elif end.remote_closed:
             self._forget(end)
 
     def _forget(self, end: StreamEnd) -> None:
-        if not end.pending:
-            self.streams.pop(end.id, None)
+        """Closed both ways, nothing left to send: no event will name ``end`` again."""
+        if not end.pending and self.streams.pop(end.id, None) is not None:
+            # The owner refers back to its ends; letting go of it here frees a finished
+            # call at once, by reference counting, instead of in the next garbage collection.
+            end.owner = None
 
 
 __all__ = ["Events", "H2Connection", "StreamEnd", "TokenBucket"]
