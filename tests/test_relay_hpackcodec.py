@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import hpack
 
 from plugproxy.relay import hpackcodec
@@ -45,3 +47,72 @@ def test_blocks_of_indexed_fields_decode_as_hpack_decodes_them():
     again = encoder.encode(headers)  # now one indexed byte per field, two of them dynamic
     assert min(again) > 0x80 and len(again) == len(headers)
     assert hpackcodec.decode(ours, again) == headers == list(theirs.decode(again, raw=True))
+
+
+def _pairs(headers: object) -> list[tuple[bytes, bytes]]:
+    return [(bytes(n), bytes(v)) for n, v in headers]  # type: ignore[attr-defined]
+
+
+def _decode_both(ours: hpack.Decoder, theirs: hpack.Decoder, block: bytes) -> tuple[object, object]:
+    results: list[object] = []
+    for decode in (lambda: hpackcodec.decode(ours, block), lambda: theirs.decode(block, raw=True)):
+        try:
+            results.append(_pairs(decode()))
+        except hpack.HPACKError as exc:
+            results.append(type(exc))
+    return results[0], results[1]
+
+
+def test_blocks_of_every_representation_decode_as_hpack_decodes_them():
+    """RFC 7541 §6: indexed fields, literals with, without and never indexed, indexed and
+    literal names, Huffman or not, long integers, table size updates and evictions, over
+    one connection's life; the dynamic table must end up the same too."""
+    rng = random.Random(7541)
+    encoder = hpack.Encoder()
+    ours, theirs = hpack.Decoder(), hpack.Decoder()
+    names = [b":path", b"grpc-timeout", b"content-type", b"x-custom", b"authorization", b"te"]
+    for round_ in range(400):
+        if round_ % 50 == 49:
+            encoder.header_table_size = rng.choice((0, 256, 4096))
+        headers = []
+        for _ in range(rng.randint(0, 8)):
+            name = rng.choice(
+                [*names, b"x-" + bytes(rng.choices(b"abcdef", k=rng.randint(1, 200)))]
+            )
+            value = bytes(rng.choices(b"0123456789abcxyz/._-", k=rng.choice((0, 3, 20, 300))))
+            if rng.random() < 0.2:
+                headers.append(hpack.NeverIndexedHeaderTuple(name, value))
+            else:
+                headers.append((name, value))
+        block = encoder.encode(headers, huffman=rng.random() < 0.5)
+        mine, reference = _decode_both(ours, theirs, block)
+        assert mine == reference == [(bytes(n), bytes(v)) for n, v in headers]
+        assert list(ours.header_table.dynamic_entries) == list(theirs.header_table.dynamic_entries)
+
+
+def test_damaged_blocks_fail_as_hpack_fails_them():
+    """Truncated and corrupted blocks: the same error, or the same headers and table."""
+    rng = random.Random(9113)
+    encoder = hpack.Encoder()
+    samples = [
+        encoder.encode(
+            [(b":path", b"/csi.v1.Node/NodePublishVolume"), (b"grpc-timeout", str(n).encode())],
+            huffman=n % 2 == 0,
+        )
+        for n in range(30)
+    ]
+    samples += [b"\x80", b"\xff\xff\xff\xff\xff\xff\xff\x7f", b"\x3f\xe1\x1f", b"\x82\x20"]
+    for block in samples:
+        for _ in range(40):
+            damaged = bytearray(block)
+            if damaged and rng.random() < 0.5:
+                del damaged[rng.randrange(len(damaged)) :]
+            elif damaged:
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+            ours, theirs = hpack.Decoder(), hpack.Decoder()
+            ours.max_header_list_size = theirs.max_header_list_size = 200
+            mine, reference = _decode_both(ours, theirs, bytes(damaged))
+            assert mine == reference, bytes(damaged)
+            assert list(ours.header_table.dynamic_entries) == list(
+                theirs.header_table.dynamic_entries
+            )

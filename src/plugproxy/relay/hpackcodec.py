@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import NamedTuple, cast
+from typing import NamedTuple
 from urllib.parse import quote, unquote
 
 import hpack
+from hpack.hpack import decode_integer as hpack_decode_integer
+from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
 Header = tuple[bytes, bytes]
@@ -99,6 +101,9 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
     ``max_header_list_size`` (so a small block that references a large table entry many
     times costs little), :class:`DecodeError` for anything else HPACK forbids.
 
+    The walk is our own, over hpack's table, integer and Huffman primitives: hpack's
+    ``Decoder.decode`` copies the rest of the block for every literal field and wraps
+    every field in an object, which made header decoding the relay's largest cost.
     A block made only of one-byte indexed fields (RFC 7541 §6.1) changes no table and is
     looked up directly: after a connection's first call, a gRPC server's headers
     (":status 200", "content-type") and trailers ("grpc-status 0") are such blocks.
@@ -107,17 +112,63 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
         entry = decoder.header_table.get_by_index
         if len(block) * _MAX_ENTRY <= decoder.max_header_list_size:
             return [entry(byte & 0x7F) for byte in block]  # too few fields to be too large
-        out = []
-        budget = decoder.max_header_list_size
-        for byte in block:
-            name, value = entry(byte & 0x7F)
-            budget -= len(name) + len(value) + 32
-            if budget < 0:
-                raise TooLarge(f"header list over {decoder.max_header_list_size} bytes")
-            out.append((name, value))
-        return out
-    # HeaderTuple is a tuple subclass of exactly these two bytes values.
-    return cast("list[Header]", decoder.decode(block, raw=True))
+    table = decoder.header_table
+    entry = table.get_by_index
+    budget = decoder.max_header_list_size
+    out: list[Header] = []
+    end = len(block)
+    at = 0
+    while at < end:
+        first = block[at]
+        if first & 0x80:  # indexed field (§6.1)
+            index, at = _integer(block, at, 7)
+            name, value = entry(index)  # index 0 or past the table: InvalidTableIndex
+        elif first & 0x40 or not first & 0x20:  # literal field (§6.2.1-6.2.3)
+            indexing = bool(first & 0x40)
+            index, at = _integer(block, at, 6 if indexing else 4)
+            name, at = _string(block, at) if not index else (entry(index)[0], at)
+            value, at = _string(block, at)
+            if indexing:
+                table.add(name, value)
+        else:  # dynamic table size update (§6.3), only before the first field
+            if out:
+                raise hpack.HPACKDecodingError("Table size update not at the start of the block")
+            size, at = _integer(block, at, 5)
+            if size > decoder.max_allowed_table_size:
+                raise hpack.InvalidTableSizeError("Encoder exceeded max allowable table size")
+            decoder.header_table_size = size
+            continue
+        budget -= len(name) + len(value) + 32
+        if budget < 0:
+            raise TooLarge(f"header list over {decoder.max_header_list_size} bytes")
+        out.append((name, value))
+    if decoder.header_table_size > decoder.max_allowed_table_size:
+        raise hpack.InvalidTableSizeError("Encoder did not shrink table size to within the max")
+    return out
+
+
+def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int]:
+    """The integer at ``at`` with an N-bit prefix (§5.1), and where what follows starts.
+    One that overflows its prefix goes to hpack's decoder, on a view (no copy)."""
+    limit = (1 << prefix_bits) - 1
+    value = block[at] & limit
+    if value < limit:
+        return value, at + 1
+    value, used = hpack_decode_integer(memoryview(block)[at:], prefix_bits)
+    return value, at + used
+
+
+def _string(block: bytes, at: int) -> tuple[bytes, int]:
+    """The string literal at ``at`` (§5.2) and where the next field starts."""
+    if at >= len(block):
+        raise hpack.HPACKDecodingError("Truncated header block")
+    huffman = block[at] & 0x80
+    length, at = _integer(block, at, 7)
+    stop = at + length
+    if stop > len(block):
+        raise hpack.HPACKDecodingError("Truncated header block")
+    text = block[at:stop]
+    return (decode_huffman(text) if huffman else text), stop
 
 
 # No table entry is larger than the table (4,096 bytes: we never raise HEADER_TABLE_SIZE).
