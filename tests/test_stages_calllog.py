@@ -353,3 +353,27 @@ async def test_a_response_echoing_a_request_secret_is_masked_in_the_log(plugin, 
     (line,) = proxy.calls()
     assert line["response"]["volume"]["volume_context"] == {"debug": "created with password ***"}
     assert SECRET not in proxy.out.getvalue()
+
+
+async def test_a_remembered_render_is_still_masked_for_the_call_whose_secret_it_shows(
+    plugin, make_proxy
+):
+    """Small messages are rendered once per distinct bytes; the secrets of each call are
+    masked afterwards, so the same response bytes show a secret only for calls without it."""
+    create = "/csi.v1.Controller/CreateVolume"
+    echo = CSI.message_class("csi.v1.CreateVolumeResponse")()
+    echo.volume.volume_id = "pvc-9"
+    echo.volume.volume_context["debug"] = f"created with password {SECRET}"
+    raw = echo.SerializeToString()
+    plugin.raw[create] = lambda req: raw
+    proxy = await make_proxy("--log-payloads")
+    without = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
+    with_secret = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
+    with_secret.secrets["password"] = SECRET
+    for request in (without, with_secret, without):
+        got, _ = await unary(proxy.listen, create, request.SerializeToString())
+        assert got == raw
+    first, second, third = (line["response"]["volume"]["volume_context"] for line in proxy.calls())
+    # Not a secret of the first and third calls: the plugin's text as it is.
+    assert first == third == {"debug": f"created with password {SECRET}"}
+    assert second == {"debug": "created with password ***"}
