@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -341,3 +342,41 @@ async def test_keys_read_from_an_operator_redacted_field_are_masked_in_spans(tmp
     keys = [tuple(s.attributes["plugproxy.keys"]) for s in spans if s.kind is SpanKind.SERVER]
     assert keys == [("device:***",), ("device:serial-0042",)]
     await stage.shutdown()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "always_on",
+        "always_off",
+        "traceidratio",
+        "parentbased_always_on",
+        "parentbased_always_off",
+        "parentbased_traceidratio",
+    ],
+)
+def test_a_new_trace_is_decided_as_the_sdk_sampler_decides_it(name):
+    """The stage decides a call without a parent from its trace id alone, before building
+    any attribute; the decision must be the configured sampler's, id for id."""
+    sampler = sampler_from_env({"OTEL_TRACES_SAMPLER": name, "OTEL_TRACES_SAMPLER_ARG": "0.3"})
+    decide = tracing.root_decision(sampler)
+    assert decide is not None
+    rng = random.Random(name)
+    sampled = 0
+    for _ in range(3000):
+        trace_id = rng.getrandbits(128) or 1
+        result = sampler.should_sample(None, trace_id, "m", SpanKind.SERVER, {})
+        expected = result.decision.is_sampled()
+        assert decide(trace_id) is expected
+        sampled += expected
+    if name.endswith("traceidratio"):
+        assert 700 < sampled < 1100  # about 30 %: both sides really depend on the id
+
+
+def test_a_sampler_of_another_kind_is_asked_for_every_new_trace():
+    class Custom(TraceIdRatioBased):
+        pass  # may override should_sample: its decision is not assumed
+
+    assert tracing.root_decision(ParentBased(ALWAYS_OFF)) is not None
+    assert tracing.root_decision(Custom(0.5)) is None
+    assert tracing.root_decision(ParentBased(Custom(0.5))) is None

@@ -135,6 +135,7 @@ class TracingStage(Stage):
         is_random = getattr(self._ids, "is_trace_id_random", None)
         self._flags = 0x02 if is_random is not None and is_random() else 0x00
         self._sampler = sampler if sampler is not None else ParentBased(ALWAYS_ON)
+        self._decide_root = root_decision(self._sampler)
         self.provider = TracerProvider(
             sampler=self._sampler,
             resource=Resource(attributes),
@@ -154,29 +155,16 @@ class TracingStage(Stage):
                 if carrier is None:
                     carrier = {}
                 carrier[key] = value
-        attributes: dict[str, Any] = {
-            "rpc.system": "grpc",
-            "rpc.service": method.service,
-            "rpc.method": method.name,
-            "plugproxy.spec": method.spec_name,
-        }
-        keys = keys_of(call)
-        if keys:
-            red = self._redactor
-            if red is not None and red.call_secrets(call):
-                # A key read from a field an operator marked sensitive (--redact).
-                keys = tuple(red.mask_text(k, call) for k in keys)
-            attributes["plugproxy.keys"] = keys
         name = method.path.lstrip("/")
         if carrier is not None:
             parent = _PROPAGATOR.extract(carrier, context=parent)
-        elif not self._root_sampled(call, name, attributes):
+        elif not self._root_sampled(call, name):
             return
         server = self.tracer.start_span(
             name,
             context=parent,
             kind=SpanKind.SERVER,
-            attributes=attributes,
+            attributes=self._attributes(call),
             start_time=call.start_time_ns,
         )
         call.stage_state[_STATE_SERVER] = server
@@ -195,16 +183,43 @@ class TracingStage(Stage):
         if ctx.trace_state:
             upstream.append(("tracestate", ctx.trace_state.to_header()))
 
-    def _root_sampled(self, call: Call, name: str, attributes: dict[str, Any]) -> bool:
+    def _attributes(self, call: Call) -> dict[str, Any]:
+        method = call.method
+        attributes: dict[str, Any] = {
+            "rpc.system": "grpc",
+            "rpc.service": method.service,
+            "rpc.method": method.name,
+            "plugproxy.spec": method.spec_name,
+        }
+        keys = keys_of(call)
+        if keys:
+            red = self._redactor
+            if red is not None and red.call_secrets(call):
+                # A key read from a field an operator marked sensitive (--redact).
+                keys = tuple(red.mask_text(k, call) for k in keys)
+            attributes["plugproxy.keys"] = keys
+        return attributes
+
+    def _root_sampled(self, call: Call, name: str) -> bool:
         """A call that starts a trace: ask the sampler first, as the SDK would.
 
         Most calls of a busy proxy are dropped by the sampler; for those the SDK would only
         build a non-recording span. Skipping it leaves what the plugin sees the same: a new
         trace id, a span id and the not-sampled flag. A call to record hands its trace id to
-        the SDK, which asks the sampler again with the same inputs."""
+        the SDK, which asks the sampler again with the same inputs. The SDK's own samplers
+        decide a new trace by its id alone: that decision is taken here directly, before
+        any attribute is gathered."""
         trace_id = self._ids.generate_trace_id()
-        decision = self._sampler.should_sample(None, trace_id, name, SpanKind.SERVER, attributes)
-        if decision.decision is not Decision.DROP:
+        decide = self._decide_root
+        if decide is not None:
+            sampled = decide(trace_id)
+        else:
+            attributes = self._attributes(call)
+            decision = self._sampler.should_sample(
+                None, trace_id, name, SpanKind.SERVER, attributes
+            )
+            sampled = decision.decision is not Decision.DROP
+        if sampled:
             self._ids.next_trace_id = trace_id
             return True
         upstream = call.upstream_metadata
@@ -278,6 +293,21 @@ class TracingStage(Stage):
 
 
 # -- configuration from the standard environment ---------------------------------------------
+
+
+def root_decision(sampler: Sampler) -> Callable[[int], bool] | None:
+    """Whether ``sampler`` records a new trace (no parent), as a function of its trace id;
+    None for a sampler whose decision may depend on more (then it is asked)."""
+    # ParentBased hands a call without a parent to its root sampler, which it keeps here.
+    root = getattr(sampler, "_root", None) if isinstance(sampler, ParentBased) else sampler
+    if root is ALWAYS_ON:
+        return lambda trace_id: True
+    if root is ALWAYS_OFF:
+        return lambda trace_id: False
+    if type(root) is TraceIdRatioBased:  # a subclass may decide otherwise
+        bound, limit = root.bound, TraceIdRatioBased.TRACE_ID_LIMIT
+        return lambda trace_id: trace_id & limit < bound
+    return None
 
 
 def sampler_from_env(environ: Mapping[str, str]) -> Sampler:
