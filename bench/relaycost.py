@@ -2,12 +2,16 @@
 
     python bench/relaycost.py                     # 20,000 passthrough GetPluginInfo calls
     python bench/relaycost.py --calls 5000 --batch 16
+    python bench/relaycost.py --serve-args=--log-payloads   # with the default stages
 
 A CO connection and a plugin connection are fed prepared bytes: the CO writes `--batch`
 unary calls per read (as a loaded client does), the plugin answers each with headers, one
 message and trailers, HPACK-encoded the way grpc servers encode them. The relay runs with
 no stage (passthrough), so what is measured is the HTTP/2 work on both sides: frames,
-HPACK, the stream mapping and flow control.
+HPACK, the stream mapping and flow control. ``--serve-args`` builds the stages
+`plugproxy serve` would build from those flags (``""`` is the default configuration), so
+the figure then includes the stages' hooks and what a call with a chain costs the relay
+(its Call, metadata, held request and re-encoded headers); their log lines are discarded.
 
 The time per call moves with whatever else the machine runs. For a figure that does not,
 count instructions with valgrind and take the difference of two call counts:
@@ -22,10 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import hpack
 
@@ -33,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import payloads  # noqa: E402
 
+from plugproxy import serve  # noqa: E402
 from plugproxy.endpoints import parse_endpoint  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
 from plugproxy.registry import Registry  # noqa: E402
@@ -110,13 +117,23 @@ def prepared(calls: int, batch: int) -> tuple[list[bytes], list[bytes]]:
     return co_reads, plugin_reads
 
 
-async def cost(calls: int, batch: int) -> float:
+async def cost(
+    calls: int, batch: int, serve_args: str | None = None, log: TextIO | None = None
+) -> float:
     logger = Logger(fmt="json", level="warning")
     upstream = Upstream(parse_endpoint("unix:///bench.sock", "--upstream"), logger, 1 << 24)
+    registry: Any = Registry(("csi.v1",))
+    stages: list[Any] = []
+    if serve_args is not None:
+        endpoints = ["--listen", "unix:///bench-in.sock", "--upstream", "unix:///bench.sock"]
+        ns = serve.parse_args([*endpoints, "--admin-listen", "off", *shlex.split(serve_args)])
+        logger = Logger(log)
+        server = serve.ProxyServer(ns, logger=logger)
+        registry, stages = server.registry, server.stages
     relay = FrameRelay(
-        Registry(("csi.v1",)),
+        registry,
         upstream,
-        [],
+        stages,
         logger,
         max_message_bytes=1 << 24,
         max_concurrent_calls=10_000,
@@ -155,8 +172,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=8, help="calls per read")
+    parser.add_argument(
+        "--serve-args", default=None, help='stages as these serve flags build them ("": defaults)'
+    )
     ns = parser.parse_args()
-    print(f"frame relay, passthrough: {asyncio.run(cost(ns.calls, ns.batch)):.1f} µs CPU per call")
+    with open(os.devnull, "w") as log:
+        us = asyncio.run(cost(ns.calls, ns.batch, ns.serve_args, log))
+    what = "passthrough" if ns.serve_args is None else f"serve {ns.serve_args or '(defaults)'}"
+    print(f"frame relay, {what}: {us:.1f} µs CPU per call")
 
 
 if __name__ == "__main__":
