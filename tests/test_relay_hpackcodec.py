@@ -116,3 +116,17 @@ def test_damaged_blocks_fail_as_hpack_fails_them():
             assert list(ours.header_table.dynamic_entries) == list(
                 theirs.header_table.dynamic_entries
             )
+
+
+def test_recurring_fields_are_encoded_once_and_per_call_values_never_kept():
+    decoder = hpack.Decoder()
+    before = len(hpackcodec._encoded_fields)
+    for n in range(300):
+        headers = [
+            (b":path", b"/csi.v1.Node/NodeGetCapabilities"),
+            (b"user-agent", b"grpc-go/1.60.1"),
+            (b"grpc-timeout", f"{n}u".encode()),
+            (b"csi.requestid", str(n).encode()),
+        ]
+        assert hpackcodec.decode(decoder, hpackcodec.encode(headers)) == headers
+    assert len(hpackcodec._encoded_fields) - before <= 2  # :path and user-agent, once each

@@ -25,6 +25,11 @@ from hpack.table import HeaderTable
 
 Header = tuple[bytes, bytes]
 
+_STATIC = HeaderTable.STATIC_TABLE
+# One-byte indexed fields (0x80 | index): the last that names a static entry, and the
+# first that names a dynamic one (RFC 7541 §2.3.3).
+_LAST_STATIC = 0x80 + len(_STATIC)
+_FIRST_DYNAMIC = _LAST_STATIC + 1
 _STATIC_NAME_INDEX: dict[bytes, int] = {}
 for _index, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
     _STATIC_NAME_INDEX.setdefault(_name, _index)
@@ -65,12 +70,34 @@ def encode(headers: Iterable[Header]) -> bytes:
     parts: list[bytes] = []
     append = parts.append
     prefixes = _name_prefix
-    for name, value in headers:
-        append(prefixes.get(name) or _name_bytes(name))
+    known = _encoded_fields
+    for field in headers:
+        encoded = known.get(field)
+        if encoded is not None:
+            append(encoded)
+            continue
+        name, value = field
         size = len(value)
-        append(bytes((size,)) if size < 0x7F else encode_integer(size, 7, 0x00))
-        append(value)
+        encoded = b"".join(
+            (
+                prefixes.get(name) or _name_bytes(name),
+                bytes((size,)) if size < 0x7F else encode_integer(size, 7, 0x00),
+                value,
+            )
+        )
+        if name in _RECURRING and len(known) < _FIELDS_LIMIT:
+            known[field] = encoded
+        append(encoded)
     return b"".join(parts)
+
+
+# Fields whose values recur from call to call (a client's :path, :authority, user-agent);
+# each is encoded once. Per-call values (grpc-timeout, request ids) are never kept.
+_RECURRING = frozenset(
+    {b":method", b":scheme", b":path", b":authority", b"content-type", b"te", b"user-agent"}
+)
+_FIELDS_LIMIT = 1024
+_encoded_fields: dict[Header, bytes] = {}
 
 
 _encoded: dict[tuple[Header, ...], bytes] = {}
@@ -108,11 +135,18 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
     looked up directly: after a connection's first call, a gRPC server's headers
     (":status 200", "content-type") and trailers ("grpc-status 0") are such blocks.
     """
-    if block and min(block) > 0x80 and 0xFF not in block:
-        entry = decoder.header_table.get_by_index
-        if len(block) * _MAX_ENTRY <= decoder.max_header_list_size:
-            return [entry(byte & 0x7F) for byte in block]  # too few fields to be too large
     table = decoder.header_table
+    # Too few fields to be too large: each is one byte, and no entry exceeds the table.
+    few = len(block) * _MAX_ENTRY <= decoder.max_header_list_size
+    if few and block and min(block) > 0x80 and 0xFF not in block:
+        dynamic = table.dynamic_entries
+        try:
+            return [
+                _STATIC[byte - 0x81] if byte <= _LAST_STATIC else dynamic[byte - _FIRST_DYNAMIC]
+                for byte in block
+            ]
+        except IndexError:
+            pass  # past the dynamic table: the walk below raises InvalidTableIndex
     entry = table.get_by_index
     budget = decoder.max_header_list_size
     out: list[Header] = []
