@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from plugproxy.relay import grpcwire
 from plugproxy.relay.grpcwire import Messages, MessageTooLarge, is_grpc, message_frame
 
 
@@ -68,3 +69,14 @@ def test_counting_without_collecting_keeps_no_bytes():
 )
 def test_grpc_content_types(content_type, grpc):
     assert is_grpc(content_type) is grpc
+
+
+def test_response_metadata_is_remembered_only_for_small_recurring_lists():
+    trailers = [(b"grpc-status", b"0"), (b"x-vendor", b"a")]
+    assert grpcwire.response_metadata(trailers) == (("x-vendor", "a"),)
+    assert grpcwire.response_metadata(trailers) is grpcwire.response_metadata(list(trailers))
+    before = len(grpcwire._response_metadata)
+    for n in range(50):  # large and unique: computed each time, never kept
+        big = [(b"grpc-status", b"13"), (b"x-detail", b"%d" % n * 600)]
+        assert grpcwire.response_metadata(big) == (("x-detail", (b"%d" % n * 600).decode()),)
+    assert len(grpcwire._response_metadata) == before

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from plugproxy.api import Metadata, MetadataValue, StatusCode
 from plugproxy.relay import frames
-from plugproxy.relay.hpackcodec import Header
+from plugproxy.relay.hpackcodec import Header, rememberable
 
 # Headers gRPC itself manages; the rest of a request's headers is call metadata.
 TRANSPORT_HEADERS = frozenset(
@@ -77,6 +77,22 @@ def to_metadata(headers: Sequence[Header], reserved: frozenset[bytes]) -> Metada
         for name, value in headers
         if name[:1] != b":" and name not in reserved
     )
+
+
+_response_metadata: dict[tuple[Header, ...], Metadata] = {}
+_RESPONSE_METADATA_LIMIT = 256
+
+
+def response_metadata(headers: Sequence[Header]) -> Metadata:
+    """:func:`to_metadata` of a plugin's response headers or trailers, which recur call
+    after call (":status 200", "grpc-status 0"): a lookup once seen."""
+    key = tuple(headers)
+    metadata = _response_metadata.get(key)
+    if metadata is None:
+        metadata = to_metadata(headers, RESPONSE_RESERVED)
+        if len(_response_metadata) < _RESPONSE_METADATA_LIMIT and rememberable(headers):
+            _response_metadata[key] = metadata
+    return metadata
 
 
 def is_grpc(content_type: bytes) -> bool:

@@ -100,6 +100,15 @@ _FIELDS_LIMIT = 1024
 _encoded_fields: dict[Header, bytes] = {}
 
 
+# The header lists the caches of this module and grpcwire keep are small: what recurs is
+# (":status 200", "grpc-status 0"); large unique lists from a peer must not fill memory.
+REMEMBERED_MAX_BYTES = 512
+
+
+def rememberable(headers: Iterable[Header]) -> bool:
+    return sum(len(name) + len(value) for name, value in headers) <= REMEMBERED_MAX_BYTES
+
+
 _encoded: dict[tuple[Header, ...], bytes] = {}
 _ENCODED_LIMIT = 256
 
@@ -111,7 +120,7 @@ def encode_repeated(headers: list[Header]) -> bytes:
     block = _encoded.get(key)
     if block is None:
         block = encode(headers)
-        if len(_encoded) < _ENCODED_LIMIT:
+        if len(_encoded) < _ENCODED_LIMIT and rememberable(headers):
             _encoded[key] = block
     return block
 
@@ -322,7 +331,7 @@ def response_problem(headers: list[Header], trailers: bool) -> str:
     if key in _well_formed:
         return ""
     problem = _response_problem(headers, trailers)
-    if not problem and len(_well_formed) < _CHECKED_LIMIT:
+    if not problem and len(_well_formed) < _CHECKED_LIMIT and rememberable(headers):
         _well_formed[key] = None
     return problem
 

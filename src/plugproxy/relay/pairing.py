@@ -836,7 +836,7 @@ class Pairing(asyncio.Protocol):
         stream.response_headers_seen = True
         if not ended:
             if call is not None:
-                call.initial_metadata = grpcwire.to_metadata(headers, grpcwire.RESPONSE_RESERVED)
+                call.initial_metadata = grpcwire.response_metadata(headers)
             return
         code = StatusCode.UNKNOWN
         message = ""
@@ -851,7 +851,7 @@ class Pairing(asyncio.Protocol):
         if call is not None:
             # The CO gets the plugin's trailers as they are; the stage sees the raw value.
             call.raw_status = "" if raw is None else raw.decode("latin-1")
-            call.trailing_metadata = grpcwire.to_metadata(headers, grpcwire.RESPONSE_RESERVED)
+            call.trailing_metadata = grpcwire.response_metadata(headers)
             if first:
                 call.initial_metadata = ()
             if call.method.kind.unary_response and call.response_count == 0:
