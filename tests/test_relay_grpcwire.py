@@ -80,3 +80,17 @@ def test_response_metadata_is_remembered_only_for_small_recurring_lists():
         big = [(b"grpc-status", b"13"), (b"x-detail", b"%d" % n * 600)]
         assert grpcwire.response_metadata(big) == (("x-detail", (b"%d" % n * 600).decode()),)
     assert len(grpcwire._response_metadata) == before
+
+
+def test_request_metadata_items_are_remembered_except_per_call_values():
+    assert grpcwire.metadata_item(b"user-agent", b"grpc-go/1.60.1") == (
+        "user-agent",
+        "grpc-go/1.60.1",
+    )
+    assert grpcwire.metadata_item(b"x-token-bin", b"AAEC") == ("x-token-bin", b"\x00\x01\x02")
+    assert (b"user-agent", b"grpc-go/1.60.1") in grpcwire._metadata_items
+    before = len(grpcwire._metadata_items)
+    for n in range(100):
+        assert grpcwire.metadata_item(b"grpc-timeout", b"%du" % n) == ("grpc-timeout", f"{n}u")
+        assert grpcwire.metadata_item(b"csi.requestid", b"%d" % n) == ("csi.requestid", str(n))
+    assert len(grpcwire._metadata_items) == before

@@ -81,13 +81,10 @@ class CallKind(enum.Enum):
     STREAM_UNARY = "client_streaming"
     STREAM_STREAM = "bidi_streaming"
 
-    @property
-    def unary_request(self) -> bool:
-        return self in (CallKind.UNARY_UNARY, CallKind.UNARY_STREAM)
-
-    @property
-    def unary_response(self) -> bool:
-        return self in (CallKind.UNARY_UNARY, CallKind.STREAM_UNARY)
+    def __init__(self, value: str) -> None:
+        # Plain attributes, not properties: the relay and the stages read them on every call.
+        self.unary_request: bool = value in ("unary", "server_streaming")
+        self.unary_response: bool = value in ("unary", "client_streaming")
 
 
 class Party(enum.Enum):

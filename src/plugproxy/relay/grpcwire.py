@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from plugproxy.api import Metadata, MetadataValue, StatusCode
 from plugproxy.relay import frames
-from plugproxy.relay.hpackcodec import Header, rememberable
+from plugproxy.relay.hpackcodec import REMEMBERED_MAX_BYTES, Header, rememberable
 
 # Headers gRPC itself manages; the rest of a request's headers is call metadata.
 TRANSPORT_HEADERS = frozenset(
@@ -61,6 +61,24 @@ def metadata_value(name: bytes, value: bytes) -> MetadataValue:
         except ValueError:
             return value
     return value.decode("latin-1")
+
+
+_metadata_items: dict[Header, tuple[str, MetadataValue]] = {}
+_METADATA_ITEMS_LIMIT = 512
+# Per-call values: never worth remembering.
+_PER_CALL = frozenset({b"grpc-timeout", b"csi.requestid", b"traceparent", b"tracestate"})
+
+
+def metadata_item(name: bytes, value: bytes) -> tuple[str, MetadataValue]:
+    """A request header as a call's metadata item; a lookup for the fields a client sends
+    on every call (user-agent, content-type, te, its own fixed metadata)."""
+    item = _metadata_items.get((name, value))
+    if item is None:
+        item = (name.decode("latin-1"), metadata_value(name, value))
+        small = len(name) + len(value) <= REMEMBERED_MAX_BYTES
+        if small and name not in _PER_CALL and len(_metadata_items) < _METADATA_ITEMS_LIMIT:
+            _metadata_items[(name, value)] = item
+    return item
 
 
 def metadata_bytes(name: str, value: MetadataValue) -> bytes:

@@ -463,7 +463,7 @@ class Pairing(asyncio.Protocol):
             for name, value in headers:
                 if name[:1] == b":":
                     continue
-                item = (name.decode("latin-1"), grpcwire.metadata_value(name, value))
+                item = grpcwire.metadata_item(name, value)
                 metadata.append(item)
                 if name not in grpcwire.TRANSPORT_HEADERS:
                     upstream_metadata.append(item)
