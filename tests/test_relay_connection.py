@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from plugproxy.relay.connection import H2Connection
+from plugproxy.relay.connection import PING_ACK_DELAY, H2Connection
 from plugproxy.relay.frames import (
+    ACK,
     ENHANCE_YOUR_CALM,
     GOAWAY,
     HEADERS,
+    PING,
     PREFACE,
     PROTOCOL_ERROR,
     SETTINGS,
@@ -93,3 +95,27 @@ async def test_a_complete_preface_stops_the_timer():
     await asyncio.sleep(0.4)
     assert events.failed == []
     assert conn.timer is None
+
+
+async def test_a_ping_acknowledgement_goes_with_the_next_frames_or_alone_soon_after():
+    """RFC 9113 §6.7: every PING is acknowledged, first among what is written. gRPC peers
+    ping with each message they receive; the acknowledgement waits (briefly) for the
+    frames the connection writes next instead of being a write of its own."""
+    conn, transport, _ = server(Limits())
+    conn.receive(PREFACE + frame(SETTINGS, 0, 0))
+    conn.flush()
+    transport.written = b""
+    conn.receive(frame(PING, 0, 0, b"12345678"))
+    conn.flush()
+    assert transport.written == b""  # waiting for company
+    conn.send_goaway()  # the next frames this connection writes
+    conn.flush()
+    kinds = [(ftype, payload) for ftype, payload in frames_in(transport.written)]
+    assert kinds[0] == (PING, b"12345678") and kinds[1][0] == GOAWAY
+    assert conn.ack_timer is None
+    transport.written = b""
+    conn.receive(frame(PING, 0, 0, b"alone..."))
+    conn.flush()
+    await asyncio.sleep(PING_ACK_DELAY * 20)
+    assert frames_in(transport.written) == [(PING, b"alone...")]
+    assert transport.written[4] == ACK

@@ -66,6 +66,9 @@ from plugproxy.relay.limits import (
 
 _DATA_ITEM, _FRAMES_ITEM = 0, 1
 GOAWAY_GRACE = 1.0  # seconds a peer has to read our GOAWAY after a connection error (as Go)
+# The longest a PING acknowledgement waits for other frames to go with it: far below any
+# keepalive timeout, and below what a bandwidth estimate's round trip is read against.
+PING_ACK_DELAY = 0.001
 
 
 class StreamEnd:
@@ -174,6 +177,11 @@ class H2Connection:
         self.connection_threshold = max(1, limits.connection_window // 4)
         self.resets = TokenBucket(limits.reset_burst, limits.reset_rate)
         self.timer: asyncio.TimerHandle | None = None
+        # PING acknowledgements wait (at most PING_ACK_DELAY) for the next write on this
+        # connection: gRPC peers ping with every message they receive (bandwidth
+        # estimation), and an acknowledgement of its own is a write and a wakeup per call.
+        self.ping_acks: list[bytes] = []
+        self.ack_timer: asyncio.TimerHandle | None = None
         self.owner: Any = None  # whoever holds this connection (a PluginSide, for one)
         self._on_data = events.on_data
         self._on_sent = events.on_sent
@@ -203,6 +211,13 @@ class H2Connection:
         self.flush()
 
     def flush(self) -> None:
+        if self.ping_acks:
+            if self.out:
+                self._take_acks()
+            elif self.ack_timer is None:
+                self.ack_timer = asyncio.get_running_loop().call_later(
+                    PING_ACK_DELAY, self._acks_due
+                )
         if self.out:
             transport = self.transport
             if transport is not None and not transport.is_closing():
@@ -223,6 +238,8 @@ class H2Connection:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.ping_acks:
+            self._take_acks()
         self.flush()
         transport = self.transport
         if transport is not None and not transport.is_closing():
@@ -291,7 +308,8 @@ class H2Connection:
                 self._settings(payload)
         elif ftype == PING:
             if not flags & ACK:
-                self._control(frame(PING, ACK, 0, payload))
+                self._count_control()
+                self.ping_acks.append(frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
             self._rst_stream(sid, u32(payload))
         elif ftype == GOAWAY:
@@ -496,10 +514,28 @@ class H2Connection:
     def _control(self, data: bytes) -> None:
         """Queue a reply the peer's frames asked for; a peer that reads none is cut off."""
         self.out.append(data)
+        self._count_control()
+
+    def _count_control(self) -> None:
         if not self.writable:
             self.queued_control += 1
             if self.queued_control > self.limits.max_queued_control_frames:
                 raise ConnectionFault(ENHANCE_YOUR_CALM, "too many replies not read")
+
+    def _take_acks(self) -> None:
+        """Waiting PING acknowledgements go first in what is written next (RFC 9113 §6.7:
+        PING responses SHOULD be given higher priority than any other frame)."""
+        self.out[:0] = self.ping_acks
+        self.ping_acks = []
+        if self.ack_timer is not None:
+            self.ack_timer.cancel()
+            self.ack_timer = None
+
+    def _acks_due(self) -> None:
+        self.ack_timer = None
+        if self.ping_acks:
+            self._take_acks()
+            self.flush()
 
     # -- timers -------------------------------------------------------------------------
 
