@@ -343,3 +343,24 @@ async def test_authority_is_localhost_toward_unix_upstream(tmp_path):
     finally:
         await proxy.stop(0)
         h2_server.close()
+
+
+async def test_answers_larger_than_the_windows_keep_flowing_call_after_call(tmp_path):
+    """Each answer is larger than the CO's stream window, so its end waits for credit and
+    goes out later; together they pass the plugin connection's window several times, which
+    only works if every byte that reaches the CO is credited back to the plugin."""
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "proxy.sock")
+    server, plugin = await start_recorder(upstream)
+    proxy = await start_proxy(listen, upstream, "--max-message-bytes", "4MiB")
+    answer = b"r" * (1024 * 1024)
+    plugin.raw["/test.Big/Response"] = lambda req: answer
+    try:
+        # No bandwidth probing: the CO's windows stay at 64 KiB, so every answer waits.
+        options = [("grpc.http2.bdp_probe", 0)]
+        async with grpc.aio.insecure_channel(f"unix:{listen}", options=options) as ch:
+            for _ in range(24):  # 24 MiB: six times the 4 MiB connection window
+                assert await ch.unary_unary("/test.Big/Response")(b"", timeout=5) == answer
+    finally:
+        await proxy.stop(0)
+        await server.stop(0)

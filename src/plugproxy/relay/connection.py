@@ -679,13 +679,14 @@ class H2Connection:
         pending = end.pending
         sent = 0
         max_frame = self.peer_max_frame
+        ended: bool | None = None  # END_STREAM went out (with a reset after it when True)
         while pending:
             kind, data, fin = pending[0]
             if kind == _FRAMES_ITEM:
                 pending.pop(0)
                 self.out.append(data)
                 if fin:
-                    self._ended_local(end, end.reset_after)
+                    ended = end.reset_after
                 continue
             room = min(self.send_window, end.send_window, max_frame) if self.writable else 0
             size = len(data)
@@ -700,7 +701,7 @@ class H2Connection:
             if len(chunk) == size:
                 pending.pop(0)
                 if fin:
-                    self._ended_local(end, False)
+                    ended = False
             else:
                 pending[0] = (kind, data[len(chunk) :], fin)
         if pending:
@@ -709,6 +710,8 @@ class H2Connection:
             self.blocked.pop(end, None)
         if sent:
             self._on_sent(self, end, sent)
+        if ended is not None:  # after on_sent: closing may let go of the end's owner
+            self._ended_local(end, ended)
 
     def _pump_all(self) -> None:
         for end in list(self.blocked):
