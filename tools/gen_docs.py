@@ -192,8 +192,8 @@ def _read_registry(registry: Any) -> list[tuple[str, str, str, tuple[str, ...]]]
     found = []
     for family in registry.collect():
         labels = labels_by_name.get(family.name)
-        if labels is None:  # custom collectors: take label names from the samples
-            names: list[str] = []
+        if labels is None:  # custom collectors: the family's own label names, or the samples'
+            names: list[str] = list(getattr(family, "_labelnames", ()))
             for sample in family.samples:
                 names += [k for k in sample.labels if k not in names and k != "le"]
             labels = tuple(names)
