@@ -95,7 +95,10 @@ class Driver:
         bounded = functools.partial(SpecState, max_volumes=max_volumes)
         with mock.patch.object(validate, "SpecState", bounded):
             self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
-        self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
+            self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
+            # The stage plans CSI v1 (its memory included) when it first sees one of its
+            # methods, as routing a first call does.
+            self.stage.wants(self.server.registry.lookup("/csi.v1.Identity/Probe"))
         self.calls = 0
         self.sink: list[Prepared] | None = None
 

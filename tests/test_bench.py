@@ -182,3 +182,17 @@ def test_listandwatch_soak_script_holds_the_stream() -> None:
     assert report["stream_state_at_end"] == "OK"
     assert report["updates"] > 50  # thousands when idle; a loaded machine is slower
     assert report["proxy_counted_messages"] >= report["updates"]
+
+
+def test_rsscost_probes_a_started_proxy_and_a_first_call() -> None:
+    rsscost = _load("rsscost")
+    result = rsscost.probe(("hpack",), [("kms.v2", rsscost.first_path("kms.v2"))])
+    marks = [name for name, rss in result["marks"] if rss > 0]
+    assert marks == [
+        "interpreter",
+        "hpack",
+        "ProxyServer built",
+        "started",
+        "first kms.v2 call routed",
+    ]
+    assert result["ms"]["kms.v2"] > 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -13,7 +12,7 @@ from plugproxy import redact, serve
 from plugproxy.api import Call, LazyMessage, SpecInfo
 from plugproxy.endpoints import ConfigError
 from plugproxy.redact import MASK, TRUNCATED_KEY, Redactor
-from plugproxy.registry import Registry, load_spec
+from plugproxy.registry import Registry, load_spec, read_spec
 from tests.support import VAULT, vault_descriptor_set
 
 CSI1 = load_spec("csi.v1")
@@ -206,7 +205,6 @@ def _synthetic_spec() -> SpecInfo:
     desc = pool.FindMessageTypeByName("t.v1.Node")
     classes = {d.full_name: message_factory.GetMessageClass(d) for d in (desc, *desc.nested_types)}
 
-    @dataclasses.dataclass(frozen=True, eq=False)
     class ByName(SpecInfo):
         def is_secret_field(self, fd: FieldDescriptor) -> bool:
             return fd.name in ("password", "tokens", "blob")
@@ -394,6 +392,19 @@ def test_redact_paths_resolve_in_descriptor_sets():
         Redactor([spec], [f"{VAULT}.Secret.nope"])
     with pytest.raises(ConfigError, match="or a --descriptor-set"):
         Redactor([load_spec("csi.v1")], [f"{VAULT}.Secret.labels"])  # set not served
+
+
+def test_a_spec_is_planned_when_its_descriptors_are_read_and_not_before():
+    # serve's specs read their descriptors on their first call: a redactor built before
+    # must not read them, and must mask the first message all the same.
+    spec = SpecInfo("kms.v2", "kms", load=lambda: read_spec("kms.v2"))
+    red = Redactor([spec], ["v2.EncryptRequest.uid"])
+    assert not spec.loaded
+    request = spec.message_class("v2.EncryptRequest")(plaintext=b"seed", uid="u-1")
+    assert red.render(request) == {"plaintext": MASK, "uid": MASK}
+    annotated = spec.message_class("v2.EncryptResponse")(ciphertext=b"c", key_id="k")
+    annotated.annotations["kms.example.com/wrapped"] = b"key"
+    assert red.render(annotated)["annotations"] == {"kms.example.com/wrapped": MASK}
 
 
 # -- Kubernetes' own plugin APIs ----------------------------------------------------------

@@ -7,9 +7,16 @@ import pathlib
 import pytest
 from google.protobuf import descriptor_pb2
 
-from plugproxy.api import CallKind
+from plugproxy.api import CallKind, SpecDescriptors, SpecInfo
 from plugproxy.endpoints import ConfigError
-from plugproxy.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec, load_spec
+from plugproxy.registry import (
+    SPEC_ALIASES,
+    SPEC_NAMES,
+    Registry,
+    canonical_spec,
+    load_spec,
+    read_spec,
+)
 from tests.support import VAULT, build_descriptor_set, vault_descriptor_set
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -189,3 +196,59 @@ def test_spec_aliases_name_bundled_specs():
     assert all(target in SPEC_NAMES for target in SPEC_ALIASES.values())
     with pytest.raises(ValueError, match=r"unknown spec 'kms\.v1'"):
         canonical_spec("kms.v1")
+
+
+# -- lazy registries (plugproxy serve's) --------------------------------------------------
+
+
+def test_a_lazy_registry_lists_a_spec_when_its_first_method_is_looked_up():
+    reg = Registry(lazy=True)
+    assert list(reg.specs) == list(SPEC_NAMES) and reg.methods() == []
+    # `in` knows every bundled method without listing a spec.
+    assert "/v2.KeyManagementService/Encrypt" in reg and "/v2.KeyManagementService/Nope" not in reg
+    assert reg.methods() == []
+    # A method nobody defines, in a spec's package, lists nothing either.
+    assert not reg.lookup("/csi.v1.Node/NodeFly").known and reg.methods() == []
+    info = reg.lookup("/csi.v1.Node/NodeStageVolume")
+    assert info.spec is load_spec("csi.v1") and info.kind is CallKind.UNARY_UNARY
+    assert {m.spec_name for m in reg.methods()} == {"csi.v1"}
+    assert len(reg.methods()) == len(Registry(["csi.v1"]).methods())
+    # Naming a spec lists it too.
+    assert len(reg.methods("kms.v2")) == 3
+    assert {m.spec_name for m in reg.methods()} == {"csi.v1", "kms.v2"}
+
+
+def test_a_lazy_registry_checks_its_configuration_at_once(tmp_path):
+    reg = Registry(lazy=True, serialize_keys=["/v2.KeyManagementService/Encrypt=uid"])
+    assert [m.spec_name for m in reg.methods()] == ["kms.v2"] * 3  # the key named it
+    assert reg.lookup("/v2.KeyManagementService/Encrypt").extra_keys == (("uid", "uid"),)
+    with pytest.raises(ConfigError, match=r"/csi.v1.Node/Nope=x: unknown method"):
+        Registry(lazy=True, serialize_keys=["/csi.v1.Node/Nope=x"])
+    # A descriptor set may not redefine a method of a bundled spec, listed or not.
+    files = {
+        "dup.proto": 'syntax = "proto3";\npackage csi.v1;\nservice Identity { rpc '
+        "GetPluginInfo(X) returns (X); }\nmessage X {}\n"
+    }
+    path = build_descriptor_set(tmp_path, files)
+    with pytest.raises(ConfigError, match=r"GetPluginInfo is already defined by the bundled spec"):
+        Registry(lazy=True, descriptor_sets=[path])
+
+
+def test_a_deferred_spec_reads_its_descriptors_once_and_then_runs_its_hooks():
+    reads: list[str] = []
+
+    def read() -> SpecDescriptors:
+        reads.append("kms.v2")
+        return read_spec("kms.v2")
+
+    spec = SpecInfo("kms.v2", "kms", load=read)
+    seen: list[bool] = []
+    spec.when_loaded(lambda s: seen.append(s.loaded))
+    assert not spec.loaded and reads == [] and seen == []
+    request = spec.message_class("v2.EncryptRequest")(uid="u")
+    assert spec.loaded and reads == ["kms.v2"] and seen == [True]
+    assert spec.pool is request.DESCRIPTOR.file.pool and reads == ["kms.v2"]
+    spec.when_loaded(lambda s: seen.append(s.loaded))  # loaded: called at once
+    assert seen == [True, True]
+    with pytest.raises(TypeError):
+        SpecInfo("x", "x")  # neither a pool nor a way to read one

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from plugproxy.registry import load_spec
-from plugproxy.rules import TABLES, all_rules
+from plugproxy.rules import TABLES, all_rules, find_rule
 from plugproxy.rules.engine import (
     CompiledSpec,
     SpecTable,
@@ -85,6 +85,17 @@ def test_rule_ids_are_unique_and_documented():
         doc = fh.read()
     missing = [rid for rid in ids if f"`{rid}`" not in doc]
     assert not missing, missing
+
+
+def test_a_rule_is_found_in_the_tables_of_its_family_alone():
+    # find_rule imports only the tables of the id's family: spec a.b's table is family a.
+    for spec, table in TABLES.items():
+        assert table.family == spec.partition(".")[0]
+        assert table.spec == spec
+    for rid, rule in all_rules().items():
+        assert find_rule(rid) is rule
+    assert find_rule("csi.no-such-rule") is None and find_rule("warp.drive") is None
+    assert "warp.v1" not in TABLES and len(TABLES) == len(list(TABLES))
 
 
 def test_message_types_without_checks_get_no_checker():

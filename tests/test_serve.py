@@ -20,6 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from plugproxy.registry import SPEC_NAMES as SPEC_ORDER
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 HEAVY = ("grpc", "opentelemetry.sdk", "plugproxy.tlsfiles", "plugproxy.tlslog")
 
@@ -99,3 +101,85 @@ def test_a_flag_that_needs_them_loads_them(
 ) -> None:
     # The same check sees them when a configuration asks for them.
     assert expected in loaded_by(tmp_path, *args, env=env)[1]
+
+
+# A proxy builds a bundled spec (its pool, rule table, checkers and plans) on the first call
+# of one of its methods. The probe lists, before and after one CSI v1 call, which specs have
+# read their descriptors and which rule tables are imported.
+LAZY_PROBE = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import grpc
+    from plugproxy import serve
+    from plugproxy.registry import SPEC_NAMES
+
+    def built(server):
+        return {
+            "pools": [n for n in SPEC_NAMES if server.registry.specs[n].loaded],
+            "tables": [
+                n for n in SPEC_NAMES if "plugproxy.rules." + n.replace(".", "_") in sys.modules
+            ],
+        }
+
+    def call(target):
+        with grpc.insecure_channel(target) as channel:
+            try:
+                channel.unary_unary("/csi.v1.Identity/GetPluginInfo")(b"", timeout=10)
+            except grpc.RpcError as err:
+                return err.code().name
+        return "OK"
+
+    async def main() -> None:
+        ns = serve.parse_args(sys.argv[1:])
+        server = serve.ProxyServer(ns)
+        await server.start()
+        await server.upstream.wait_ready(3)
+        before = built(server)
+        code = await asyncio.to_thread(call, "unix:" + ns.listen.removeprefix("unix://"))
+        after = built(server)
+        await server.stop(0)
+        print(json.dumps({"before": before, "after": after, "code": code}))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "at_start"),
+    [
+        ((), {}),
+        # Startup checks of rule ids and field paths read only the specs they name.
+        (("--rule", "kms.size-limit=off"), {"tables": ["kms.v2"]}),
+        (("--redact", "v2.EncryptRequest.uid"), {"pools": ["kms.v2"]}),
+    ],
+)
+def test_a_spec_is_built_on_its_first_call(
+    tmp_path: Path, args: tuple[str, ...], at_start: dict[str, list[str]]
+) -> None:
+    plugin = tmp_path / "plugin.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_insecure_port(f"unix:{plugin}")
+    server.start()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLUGPROXY_"))}
+    environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *sys.path])
+    argv = ["--listen", f"unix://{tmp_path / 'proxy.sock'}", "--upstream", f"unix://{plugin}"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", LAZY_PROBE, *argv, "--admin-listen", "127.0.0.1:0", *args],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.stop(0)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["code"] == "UNIMPLEMENTED"  # the plugin's answer, relayed
+    expected = {kind: at_start.get(kind, []) for kind in ("pools", "tables")}
+    assert result["before"] == expected
+    assert result["after"] == {
+        kind: sorted({"csi.v1", *names}, key=SPEC_ORDER.index) for kind, names in expected.items()
+    }

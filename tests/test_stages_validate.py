@@ -258,6 +258,7 @@ async def test_a_failing_request_check_fails_closed(recorder):
     def broken(*args):
         raise RuntimeError("bug")
 
+    assert stage.wants(proxy.registry.lookup(DELETE))  # plans csi.v1, as its first call does
     plan = stage._plans[DELETE]
     stage._plans[DELETE] = type(plan)(
         **{**{f: getattr(plan, f) for f in plan.__slots__}, "request_checks": (broken,)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import TCPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -77,7 +78,7 @@ class AdminServer:
         self._logger = logger
         handler_class = _make_handler(routes, logger)
         try:
-            self._server = ThreadingHTTPServer((host, port), handler_class)
+            self._server = _HTTPServer((host, port), handler_class)
         except OSError as exc:
             raise ConfigError(f"--admin-listen {host}:{port}: {exc.strerror or exc}") from None
         self._server.daemon_threads = True
@@ -96,6 +97,17 @@ class AdminServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    def server_bind(self) -> None:
+        # HTTPServer's own asks the resolver for the host's full name (getfqdn), which only
+        # CGI-style handlers read; the lookup loads the resolver's libraries and the IDNA
+        # codec (about 0.4 MiB resident) and may wait on DNS at startup.
+        TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = port
 
 
 def _make_handler(routes: dict[str, AdminHandler], logger: Logger) -> type[BaseHTTPRequestHandler]:

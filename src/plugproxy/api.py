@@ -18,10 +18,11 @@ implement any of these hooks; a hook a stage does not define costs nothing:
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from google.protobuf import descriptor_pb2
 
@@ -94,22 +95,129 @@ class Party(enum.Enum):
     PLUGIN = "plugin"
 
 
-@dataclass(frozen=True, eq=False)
-class SpecInfo:
-    """One spec version with its own descriptor pool (csi_secret and cmi_secret collide)."""
+_LOADING = threading.RLock()  # held while a spec's descriptors are read and hooks run
 
-    # "csi.v1", "kms.v2", "deviceplugin.v1beta1", ...; a descriptor set: its package or file stem
-    name: str
-    # "csi", "kms", "deviceplugin", ... (the rule id prefix); a descriptor set: its name
-    family: str
+
+class SpecDescriptors(NamedTuple):
+    """What a spec's descriptor set yields: read once, when first needed."""
+
     pool: DescriptorPool
     secret_option: FieldDescriptor | None
     field_options_class: type[Message] | None
-    message_classes: dict[str, type[Message]] = field(repr=False)
-    # The --descriptor-set file this spec was read from (None for a bundled spec), and the
-    # names of its files, imports first.
-    source: str | None = None
-    files: tuple[str, ...] = ()
+    message_classes: dict[str, type[Message]]
+
+
+class SpecInfo:
+    """One spec version with its own descriptor pool (csi_secret and cmi_secret collide).
+
+    Built with ``load`` instead of the descriptors, it reads them the first time anything
+    asks for them (:func:`plugproxy.registry.load_spec`): a proxy builds the pools of the
+    specs its calls use, not of every bundled one.
+    """
+
+    __slots__ = (
+        "_field_options_class",
+        "_load",
+        "_message_classes",
+        "_pool",
+        "_secret_option",
+        "_waiting",
+        "family",
+        "files",
+        "name",
+        "source",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        family: str,
+        pool: DescriptorPool | None = None,
+        secret_option: FieldDescriptor | None = None,
+        field_options_class: type[Message] | None = None,
+        message_classes: dict[str, type[Message]] | None = None,
+        source: str | None = None,
+        files: tuple[str, ...] = (),
+        *,
+        load: Callable[[], SpecDescriptors] | None = None,
+    ) -> None:
+        if (pool is None) == (load is None):
+            raise TypeError("SpecInfo takes its pool or a load function, one of the two")
+        # "csi.v1", "kms.v2", "deviceplugin.v1beta1", ...; a descriptor set: its package or
+        # file stem
+        self.name = name
+        # "csi", "kms", "deviceplugin", ... (the rule id prefix); a descriptor set: its name
+        self.family = family
+        # The --descriptor-set file this spec was read from (None for a bundled spec), and
+        # the names of its files, imports first.
+        self.source = source
+        self.files = files
+        self._pool = pool
+        self._secret_option = secret_option
+        self._field_options_class = field_options_class
+        self._message_classes = message_classes if message_classes is not None else {}
+        self._load = load
+        self._waiting: list[Callable[[SpecInfo], None]] = []
+
+    def __repr__(self) -> str:
+        return f"SpecInfo({self.name!r}{'' if self.loaded else ', not loaded'})"
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the descriptors are read (always, unless built with ``load``)."""
+        return self._load is None
+
+    def load(self) -> None:
+        """Read the descriptors now, if not done yet."""
+        if self._load is not None:
+            # The admin thread may ask too (a readiness Probe's answer): one pool per spec,
+            # and no thread uses it before the hooks have run.
+            with _LOADING:
+                self._read()
+
+    def _read(self) -> None:
+        load = self._load
+        if load is None:  # read by another thread meanwhile
+            return
+        descriptors = load()
+        self._pool = descriptors.pool
+        self._secret_option = descriptors.secret_option
+        self._field_options_class = descriptors.field_options_class
+        self._message_classes = descriptors.message_classes
+        self._load = None
+        waiting, self._waiting = self._waiting, []
+        for fn in waiting:
+            fn(self)
+
+    def when_loaded(self, fn: Callable[[SpecInfo], None]) -> None:
+        """Call ``fn(self)`` once the descriptors are read: at once if they are. No message
+        of the spec exists before, so whatever ``fn`` prepares is there for its first one."""
+        with _LOADING:
+            if self._load is not None:
+                self._waiting.append(fn)
+                return
+        fn(self)
+
+    @property
+    def pool(self) -> DescriptorPool:
+        self.load()
+        assert self._pool is not None
+        return self._pool
+
+    @property
+    def secret_option(self) -> FieldDescriptor | None:
+        self.load()
+        return self._secret_option
+
+    @property
+    def field_options_class(self) -> type[Message] | None:
+        self.load()
+        return self._field_options_class
+
+    @property
+    def message_classes(self) -> dict[str, type[Message]]:
+        self.load()
+        return self._message_classes
 
     @property
     def bundled(self) -> bool:
@@ -355,7 +463,8 @@ class Stage:
     fail_open: ClassVar[bool] = False
 
     def wants(self, method: MethodInfo) -> bool:
-        """Whether this stage takes part in calls of ``method``; decided once at startup."""
+        """Whether this stage takes part in calls of ``method``; asked once per method,
+        before its first call (at startup, or when a spec is built on its first call)."""
         return True
 
     async def startup(self) -> None:

@@ -17,10 +17,11 @@ A field is sensitive when
 - or an operator names it with ``--redact <message full name>.<field>`` (a message of a
   bundled spec or of a served descriptor set).
 
-At startup a :class:`Plan` is computed per message type: which fields to mask, and which
-message-typed fields lead (at any depth, through repeated fields, map values and oneofs) to
-something sensitive. A type with nothing sensitive reachable has no plan and is rendered
-without a single redaction check.
+A :class:`Plan` is computed per message type, for each spec as soon as its descriptors are
+read (at startup, or when a proxy's first call of the spec loads them): which fields to
+mask, and which message-typed fields lead (at any depth, through repeated fields, map values
+and oneofs) to something sensitive. A type with nothing sensitive reachable has no plan and
+is rendered without a single redaction check.
 
 Masking: a map keeps its keys (they name the secret) and every value becomes ``***``
 (message values keep their structure, every leaf masked); any other sensitive field, scalar,
@@ -244,23 +245,27 @@ class Redactor:
         defaults: bool = True,
     ) -> None:
         self.specs = tuple(specs)
-        # Every configured path is checked, even for specs this proxy does not serve.
-        masked: set[tuple[str, str]] = set()
+        self.defaults = defaults
+        # Every configured path is checked, even for specs this proxy does not serve (a path
+        # into a bundled spec reads that spec's descriptors).
+        self._masked: set[tuple[str, str]] = set()
         sets = [s for s in self.specs if not s.bundled]
         for path in extra_paths:
             _, desc, fd = _resolve_path(path, sets)
-            masked.add((desc.full_name, fd.name))
+            self._masked.add((desc.full_name, fd.name))
+        self._plans: dict[str, Plan] = {}
+        # A message of a spec exists only once its descriptors are read, and by then its
+        # plans are made: the renderers never find a spec unplanned.
         for spec in self.specs:
-            paths = SPEC_SECRET_PATHS.get(spec.name, ())
-            if defaults:
-                paths += ADVISORY_PATHS.get(spec.name, ())
-            for path in paths:
-                _, desc, fd = _resolve_path(path)
-                masked.add((desc.full_name, fd.name))
-        self._masked = frozenset(masked)
-        self.plans: dict[str, Plan] = {}
+            spec.when_loaded(self._plan_spec)
+
+    @property
+    def plans(self) -> dict[str, Plan]:
+        """Every plan of every spec, full message name -> plan (reads the descriptors of
+        the specs no message has needed yet)."""
         for spec in self.specs:
-            self._plan_spec(spec)
+            spec.load()
+        return self._plans
 
     # -- plans (startup) -------------------------------------------------------------------
 
@@ -268,6 +273,13 @@ class Redactor:
         return (desc.full_name, fd.name) in self._masked or spec.is_secret_field(fd)
 
     def _plan_spec(self, spec: SpecInfo) -> None:
+        paths = SPEC_SECRET_PATHS.get(spec.name, ()) if spec.bundled else ()
+        if self.defaults and spec.bundled:
+            paths += ADVISORY_PATHS.get(spec.name, ())
+        for path in paths:
+            message_name, _, field_name = path.rpartition(".")
+            fd = spec.descriptor(message_name).fields_by_name[field_name]
+            self._masked.add((message_name, fd.name))
         descs: dict[str, Descriptor] = {}
         for cls in spec.message_classes.values():
             root: Any = cls.DESCRIPTOR
@@ -294,24 +306,25 @@ class Redactor:
                     sensitive.add(name)
                     changed = True
         for name in sensitive:
-            self.plans[name] = Plan(name)
+            self._plans[name] = Plan(name)
         for name in sensitive:
-            plan = self.plans[name]
+            plan = self._plans[name]
             for field_name in sorted(direct[name]):
                 plan.fields[field_name] = MASK
             for field_name, target in edges[name]:
                 if target in sensitive:
-                    plan.fields[field_name] = self.plans[target]
+                    plan.fields[field_name] = self._plans[target]
 
     def plan_for(self, message_type: Descriptor | str) -> Plan | None:
         """The plan of a message type; None when nothing sensitive is reachable from it."""
-        name = message_type if isinstance(message_type, str) else message_type.full_name
-        return self.plans.get(name)
+        if isinstance(message_type, str):
+            return self.plans.get(message_type)
+        return self._plans.get(message_type.full_name)
 
     def is_masked(self, fd: FieldDescriptor) -> bool:
         """Whether this field itself is masked (not merely leads to a masked field)."""
         owner: Any = fd.containing_type
-        plan = self.plans.get(owner.full_name)
+        plan = self._plans.get(owner.full_name)
         return plan is not None and plan.fields.get(fd.name) is MASK
 
     # -- rendering -------------------------------------------------------------------------
@@ -328,7 +341,7 @@ class Redactor:
         budget = _Budget(_UNLIMITED if max_bytes is None else max_bytes)
         out: dict[str, Any] = {}
         try:
-            self._fill(out, message, self.plans.get(message.DESCRIPTOR.full_name), budget)
+            self._fill(out, message, self._plans.get(message.DESCRIPTOR.full_name), budget)
         except _Full as full:
             if sample is not None and len(full.where) >= 2 and full.where[-1] in sample.totals:
                 name = full.where[-1]
@@ -457,7 +470,7 @@ class Redactor:
 
     def secret_values(self, message: Message) -> frozenset[str]:
         """Every sensitive value in ``message``, as text (for masking free text)."""
-        plan = self.plans.get(message.DESCRIPTOR.full_name)
+        plan = self._plans.get(message.DESCRIPTOR.full_name)
         if plan is None:
             return frozenset()
         found: set[str] = set()
@@ -490,7 +503,7 @@ class Redactor:
         secrets: frozenset[str] = frozenset()
         request = call.request
         cls = request.cls if request is not None else None
-        if request is not None and cls is not None and cls.DESCRIPTOR.full_name in self.plans:
+        if request is not None and cls is not None and cls.DESCRIPTOR.full_name in self._plans:
             message = request.message
             if message is not None:
                 secrets = self.secret_values(message)

@@ -2,8 +2,13 @@
 
 Each spec gets a descriptor pool of its own (csi_secret and cmi_secret both use field option
 number 1059 on google.protobuf.FieldOptions). Everything plugproxy knows about a method (its
-spec, message types, streaming kind) is read from these descriptors at startup, and so are
-the skeletons :mod:`plugproxy.sampling` reads large messages with.
+spec, message types, streaming kind) is read from these descriptors, and so are the
+skeletons :mod:`plugproxy.sampling` reads large messages with.
+
+A bundled spec's pool is built the first time something needs it (:func:`load_spec`), and a
+lazy registry (``plugproxy serve``'s) lists a bundled spec's methods when the first of them
+is looked up: a proxy beside a CSI plugin never builds the pools of the seven other specs,
+while ``--spec auto`` still knows every bundled method.
 
 Besides the bundled specs, each ``--descriptor-set`` file (a binary FileDescriptorSet built
 with its imports) becomes a spec of its own (:func:`load_descriptor_set`): every service it
@@ -15,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
-import pathlib
+import os
+import pkgutil
 from collections.abc import Iterable, Iterator
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -24,7 +29,7 @@ from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from plugproxy import keys, sampling
-from plugproxy.api import CallKind, MethodInfo, SpecInfo
+from plugproxy.api import CallKind, MethodInfo, SpecDescriptors, SpecInfo
 from plugproxy.endpoints import ConfigError
 
 # spec name -> (descriptor set file, proto package, secret option full name or None)
@@ -72,12 +77,25 @@ def _walk(desc: Descriptor) -> Iterator[Descriptor]:
 
 @functools.cache
 def load_spec(name: str) -> SpecInfo:
-    """Load one spec's descriptor set into a fresh pool. Cached: pools are immutable."""
+    """Bundled spec ``name``; its descriptor set is read into a fresh pool the first time
+    anything asks for its descriptors. Cached: one per process, pools are immutable."""
     if name not in SPECS:
         raise ValueError(f"unknown spec {name!r}; known: {', '.join(SPEC_NAMES)}")
-    filename, package, secret_name = SPECS[name]
-    data = importlib.resources.files("plugproxy.descriptors").joinpath(filename).read_bytes()
-    fds = descriptor_pb2.FileDescriptorSet.FromString(data)
+    return SpecInfo(name, name.split(".", 1)[0], load=functools.partial(read_spec, name))
+
+
+def _spec_set(name: str) -> bytes:
+    # pkgutil rather than importlib.resources: the latter imports zipfile and pathlib, a
+    # few hundred KiB of resident memory for reading eight small package files.
+    data = pkgutil.get_data("plugproxy.descriptors", SPECS[name][0])
+    assert data is not None
+    return data
+
+
+def read_spec(name: str) -> SpecDescriptors:
+    """Bundled spec ``name``'s descriptor set, read into a fresh pool."""
+    _, package, secret_name = SPECS[name]
+    fds = descriptor_pb2.FileDescriptorSet.FromString(_spec_set(name))
     pool = descriptor_pool.DescriptorPool()
     for fdp in fds.file:
         pool.Add(fdp)
@@ -95,13 +113,20 @@ def load_spec(name: str) -> SpecInfo:
         if secret is not None
         else None
     )
-    return SpecInfo(
-        name=name,
-        family=name.split(".", 1)[0],
-        pool=pool,
-        secret_option=secret,
-        field_options_class=options_class,
-        message_classes=classes,
+    return SpecDescriptors(pool, secret, options_class, classes)
+
+
+@functools.cache
+def declared_paths(name: str) -> frozenset[str]:
+    """Every method path bundled spec ``name`` defines, read without building its pool."""
+    package = SPECS[name][1]
+    fds = descriptor_pb2.FileDescriptorSet.FromString(_spec_set(name))
+    return frozenset(
+        f"/{package}.{service.name}/{method.name}"
+        for fdp in fds.file
+        if fdp.package == package
+        for service in fdp.service
+        for method in service.method
     )
 
 
@@ -148,7 +173,8 @@ def load_descriptor_set(path: str, source: str = "--descriptor-set") -> SpecInfo
     in one line, naming ``source`` and the file, when it cannot be one."""
     where = f"{source} {path}"
     try:
-        data = pathlib.Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
     files = _set_files(where, data)
@@ -164,7 +190,8 @@ def load_descriptor_set(path: str, source: str = "--descriptor-set") -> SpecInfo
     packages = sorted({fd.package for fd in loaded if fd.services_by_name})
     if not packages:
         raise ConfigError(f"{where}: defines no service")
-    name = packages[0] if len(packages) == 1 and packages[0] else pathlib.Path(path).stem
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = packages[0] if len(packages) == 1 and packages[0] else stem
     classes: dict[str, type[Message]] = {}
     for fd in loaded:
         for top in fd.message_types_by_name.values():
@@ -207,6 +234,10 @@ class Registry:
     ``serialize_keys``: ``/pkg.Service/Method=FIELD_PATH`` items (:mod:`plugproxy.keys`).
     Misconfiguration of either is a ConfigError naming ``sources`` (flag or environment
     variable, by option: "--descriptor-set", "--serialize-key").
+
+    ``lazy``: a bundled spec's methods are listed (and its pool built) when one of them is
+    first looked up, or named by a ``--serialize-key`` or :meth:`methods`; until then
+    :meth:`methods` leaves them out, while :meth:`lookup` and ``in`` know them all.
     """
 
     def __init__(
@@ -215,16 +246,19 @@ class Registry:
         descriptor_sets: Iterable[str] = (),
         serialize_keys: Iterable[str] = (),
         sources: dict[str, str] | None = None,
+        *,
+        lazy: bool = False,
     ) -> None:
         named = sources or {}
         self.specs: dict[str, SpecInfo] = {}
         self._methods: dict[str, MethodInfo] = {}
+        # proto package -> the bundled spec of that package whose methods are not listed yet
+        self._unlisted: dict[str, str] = {}
         for spec_name in specs:
-            spec = load_spec(spec_name)
-            self.specs[spec_name] = spec
-            _, package, _ = SPECS[spec_name]
-            files = [spec.pool.FindFileByName(n) for n in self._spec_files(spec, package)]
-            self._add_services(spec, files)
+            self.specs[spec_name] = load_spec(spec_name)
+            self._unlisted[spec_package(spec_name)] = spec_name
+            if not lazy:
+                self._list(spec_name)
         set_flag = named.get("--descriptor-set", "--descriptor-set")
         for path in descriptor_sets:
             spec = load_descriptor_set(path, set_flag)
@@ -232,11 +266,11 @@ class Registry:
             for fd in files:
                 for service in fd.services_by_name.values():
                     for m in service.methods:
-                        taken = self._methods.get(f"/{service.full_name}/{m.name}")
-                        if taken is not None:
+                        method_path = f"/{service.full_name}/{m.name}"
+                        if method_path in self:
                             raise ConfigError(
-                                f"{set_flag} {path}: /{service.full_name}/{m.name} is already"
-                                f" defined by {_origin(taken.spec)}"
+                                f"{set_flag} {path}: {method_path} is already"
+                                f" defined by {_origin(self._owner(method_path))}"
                             )
             if spec.name in SPECS or spec.name in self.specs:
                 raise ConfigError(
@@ -249,13 +283,36 @@ class Registry:
         for item in serialize_keys:
             self._add_serialize_key(item, key_flag)
 
+    def _list(self, spec_name: str) -> None:
+        """List the methods of bundled spec ``spec_name`` (building its pool)."""
+        package = spec_package(spec_name)
+        if self._unlisted.pop(package, None) is None:
+            return
+        spec = self.specs[spec_name]
+        files = [spec.pool.FindFileByName(n) for n in self._spec_files(spec, package)]
+        self._add_services(spec, files)
+
+    def _unlisted_spec(self, path: str) -> str | None:
+        """The bundled spec not listed yet whose package ``path``'s service is in."""
+        if not self._unlisted:
+            return None
+        service, _ = split_path(path)
+        return self._unlisted.get(service.rpartition(".")[0])
+
+    def _owner(self, path: str) -> SpecInfo | None:
+        info = self._methods.get(path)
+        if info is not None:
+            return info.spec
+        unlisted = self._unlisted_spec(path)
+        return self.specs[unlisted] if unlisted is not None else None
+
     def _add_serialize_key(self, item: str, flag: str) -> None:
         try:
             method_path, field_path = keys.parse_serialize_key(item)
         except ValueError as exc:
             raise ConfigError(f"{flag} {item}: {exc}") from None
-        info = self._methods.get(method_path)
-        if info is None:
+        info = self.lookup(method_path)
+        if not info.known:
             raise ConfigError(
                 f"{flag} {item}: unknown method {method_path} (not in a served spec or"
                 " descriptor set)"
@@ -301,16 +358,28 @@ class Registry:
         info = self._methods.get(path)
         if info is not None:
             return info
+        unlisted = self._unlisted_spec(path)
+        if unlisted is not None and path in declared_paths(unlisted):
+            self._list(unlisted)
+            return self._methods[path]
         service, name = split_path(path)
         # Unknown methods: the wire framing of every call type is the same, so a raw
         # bidirectional relay carries unary and streaming calls alike.
         return MethodInfo(path=path, service=service, name=name, kind=CallKind.STREAM_STREAM)
 
     def methods(self, spec: str | None = None) -> list[MethodInfo]:
+        """The methods of ``spec`` (listing them now if need be), or of every spec listed
+        so far."""
+        if spec is not None and spec in self.specs and self.specs[spec].bundled:
+            self._list(spec)
         return [m for m in self._methods.values() if spec is None or m.spec_name == spec]
 
     def __contains__(self, path: str) -> bool:
-        return path in self._methods
+        """Whether ``path`` is a method of a served spec (lists nothing, builds no pool)."""
+        if path in self._methods:
+            return True
+        unlisted = self._unlisted_spec(path)
+        return unlisted is not None and path in declared_paths(unlisted)
 
 
 def _origin(spec: SpecInfo | None) -> str:

@@ -147,5 +147,5 @@ def prepare(cls: type[Message]) -> Skeleton | None:
 
 
 def skeleton_of(cls: type[Message]) -> Skeleton | None:
-    """The skeleton of ``cls`` if it was prepared (at startup, by the registry)."""
+    """The skeleton of ``cls`` if it was prepared (by the registry, listing its spec)."""
     return _SKELETONS.get(cls)

@@ -207,6 +207,8 @@ class ProxyServer:
             sources={
                 flag: value_source(ns, flag) for flag in ("--descriptor-set", "--serialize-key")
             },
+            # A bundled spec costs its pool, rule tables and plans only once a call uses it.
+            lazy=True,
         )
         self.transport = transport.Transport(
             ns, self.settings.listen, self.settings.upstream, self.logger

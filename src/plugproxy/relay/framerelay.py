@@ -70,6 +70,7 @@ class FrameRelay:
         self.max_concurrent_calls = max_concurrent_calls
         self.plugin_wait = plugin_wait
         self.limits = limits
+        self.stages = stages
         self.routes: dict[bytes, Route] = {
             info.path.encode(): Route(info, compile_chain(stages, info, logger))
             for info in registry.methods()
@@ -85,8 +86,12 @@ class FrameRelay:
     def route(self, path: bytes) -> Route:
         route = self.routes.get(path)
         if route is None:
-            # Unknown paths are not cached: random paths from a CO must not grow memory.
-            route = Route(self.registry.lookup(path.decode("utf-8", "replace")), None)
+            info = self.registry.lookup(path.decode("utf-8", "replace"))
+            if not info.known:
+                # Unknown paths are not cached: random paths from a CO must not grow memory.
+                return Route(info, None)
+            # A method of a spec the registry lists on first use: routed as the others now.
+            route = self.routes[path] = Route(info, compile_chain(self.stages, info, self.logger))
         return route
 
     async def listen(self, endpoint: Endpoint, socket_mode: int = 0o660) -> int:

@@ -125,8 +125,12 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         path: str = handler_call_details.method
         handler = self._handlers.get(path)
         if handler is None:
+            info = self.registry.lookup(path)
+            handler = self._handler(info)
             # Unknown methods are not cached: a CO sending random paths must not grow memory.
-            handler = self._handler(self.registry.lookup(path))
+            # A method of a spec the registry lists on first use is, as the others are.
+            if info.known:
+                self._handlers[path] = handler
         return handler
 
     def _handler(self, info: MethodInfo) -> grpc.RpcMethodHandler:

@@ -1,32 +1,36 @@
-"""Spec rule tables (one module per spec) and the engine that compiles them."""
+"""Spec rule tables (one module per spec) and the engine that compiles them.
+
+A table's module is imported the first time its table is asked for: a proxy judging only
+CSI v1 calls never loads the tables of the other specs. Spec ``a.b`` has its table in module
+``a_b`` and its rule ids start with ``a.`` (its family).
+"""
 
 from __future__ import annotations
 
-from plugproxy.rules import (
-    cmi_v1,
-    cosi_v1alpha1,
-    csi_v0,
-    csi_v1,
-    deviceplugin_v1beta1,
-    dra_v1beta1,
-    kms_v2,
-    pluginregistration_v1,
-)
+import importlib
+from collections.abc import Iterator, Mapping
+
+from plugproxy.registry import SPEC_NAMES
 from plugproxy.rules.engine import Rule, SpecTable
 
-TABLES: dict[str, SpecTable] = {
-    t.spec: t
-    for t in (
-        csi_v1.TABLE,
-        csi_v0.TABLE,
-        cosi_v1alpha1.TABLE,
-        cmi_v1.TABLE,
-        kms_v2.TABLE,
-        deviceplugin_v1beta1.TABLE,
-        dra_v1beta1.TABLE,
-        pluginregistration_v1.TABLE,
-    )
-}
+
+class _Tables(Mapping[str, SpecTable]):
+    """Bundled spec name -> its rule table, imported on first use."""
+
+    def __getitem__(self, spec: str) -> SpecTable:
+        if spec not in SPEC_NAMES:
+            raise KeyError(spec)
+        table: SpecTable = importlib.import_module(f"{__name__}.{spec.replace('.', '_')}").TABLE
+        return table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SPEC_NAMES)
+
+    def __len__(self) -> int:
+        return len(SPEC_NAMES)
+
+
+TABLES: Mapping[str, SpecTable] = _Tables()
 
 
 def all_rules() -> dict[str, Rule]:
@@ -36,3 +40,14 @@ def all_rules() -> dict[str, Rule]:
         for rule in table.rules:
             out.setdefault(rule.id, rule)
     return out
+
+
+def find_rule(rule_id: str) -> Rule | None:
+    """The bundled rule with this id, importing only the tables of its family."""
+    family = rule_id.partition(".")[0]
+    for spec in SPEC_NAMES:
+        if spec.partition(".")[0] == family:
+            for rule in TABLES[spec].rules:
+                if rule.id == rule_id:
+                    return rule
+    return None

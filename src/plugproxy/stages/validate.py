@@ -14,7 +14,8 @@ Modes (``--validation``, per rule ``--rule ID=MODE``):
   blocked, only audited.
 - ``off``: the stage is not built at all.
 
-The rules are data (:mod:`plugproxy.rules`), compiled per message type at startup. The stage
+The rules are data (:mod:`plugproxy.rules`), compiled per message type for each spec before
+its first call (a spec the registry lists on a first call is compiled then). The stage
 is fail-closed: an exception in a request check ends the call with INTERNAL. Requests are
 judged whole; a large response is judged on the sample :mod:`plugproxy.sampling` takes of
 its long lists, violations naming entries by their real index.
@@ -28,7 +29,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Container, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,11 +38,20 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from prometheus_client import Counter
 
-from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Runtime, Stage, StatusCode
+from plugproxy.api import (
+    Call,
+    LazyMessage,
+    MethodInfo,
+    Reject,
+    Runtime,
+    SpecInfo,
+    Stage,
+    StatusCode,
+)
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import KEY_TABLES, keys_of
 from plugproxy.options import Option, duration, value_source
-from plugproxy.rules import TABLES, all_rules, annotated
+from plugproxy.rules import TABLES, all_rules, annotated, find_rule
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
     CO,
@@ -235,7 +245,7 @@ def status_problem(raw: str) -> str:
 
 
 def parse_rule_modes(
-    items: Iterable[str], known: dict[str, Rule], source: str = "--rule"
+    items: Iterable[str], known: Container[str], source: str = "--rule"
 ) -> dict[str, str]:
     """'ID=MODE' items -> {rule id: mode}; ConfigError naming the first bad item and where it
     came from (``source``: the flag or its environment variable)."""
@@ -326,7 +336,7 @@ def _utc(when: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """Everything one method's calls need, resolved at startup."""
+    """Everything one method's calls need, resolved before its first call."""
 
     spec: CompiledSpec
     state: SpecState
@@ -410,8 +420,8 @@ class ValidateStage(Stage):
         self.upstream = runtime.upstream
         self.query_timeout = query_timeout
         self.report = ViolationReport()
-        known = known_rules(runtime.registry)
-        self.modes: dict[str, str] = {rid: rule_modes.get(rid, mode) for rid in known}
+        self.mode = mode
+        self.rule_modes = rule_modes  # --rule overrides, by rule id
         self.counter: Any = None
         if runtime.metrics is not None:
             self.counter = Counter(
@@ -423,15 +433,27 @@ class ValidateStage(Stage):
         runtime.admin_routes["/violations"] = self.report.handler
         self._queries: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._plans: dict[str, _Plan] = {}
-        specs = getattr(runtime.registry, "specs", {})
-        for spec_name, spec in specs.items():
-            table = TABLES.get(spec_name) if spec.bundled else annotated.table_for(spec)
-            if table is None:
-                continue
-            compiled = compile_table(table, spec)
-            state = SpecState()
-            for method in runtime.registry.methods(spec_name):
-                self._plans[method.path] = self._plan(compiled, state, method)
+        # Specs whose table is compiled and methods planned: those the registry has listed
+        # now, and each one it lists later when its first method comes by (wants).
+        self._prepared: set[str] = set()
+        for method in runtime.registry.methods():
+            if method.spec is not None:
+                self._prepare(method.spec)
+
+    def _prepare(self, spec: SpecInfo) -> None:
+        if spec.name in self._prepared:
+            return
+        self._prepared.add(spec.name)
+        table = TABLES.get(spec.name) if spec.bundled else annotated.table_for(spec)
+        if table is None:
+            return
+        compiled = compile_table(table, spec)
+        state = SpecState()
+        for method in self.runtime.registry.methods(spec.name):
+            self._plans[method.path] = self._plan(compiled, state, method)
+
+    def _mode(self, rule_id: str) -> str:
+        return self.rule_modes.get(rule_id, self.mode)
 
     def _plan(self, cs: CompiledSpec, state: SpecState, method: MethodInfo) -> _Plan:
         t = cs.table
@@ -493,6 +515,8 @@ class ValidateStage(Stage):
         )
 
     def wants(self, method: MethodInfo) -> bool:
+        if method.path not in self._plans and method.spec is not None:
+            self._prepare(method.spec)
         return method.path in self._plans
 
     # -- requests -------------------------------------------------------------------------
@@ -532,7 +556,7 @@ class ValidateStage(Stage):
             error = lazy.decode_error or "cannot decode the request"
             v = Violation(plan.malformed, "", error, CO)
             self._record(plan, call, (v,), CO)
-            if self.modes[plan.malformed.id] == ENFORCE:
+            if self._mode(plan.malformed.id) == ENFORCE:
                 raise Reject(StatusCode.INVALID_ARGUMENT, f"plugproxy: {error}")
             return
         out: list[Violation] = []
@@ -623,7 +647,7 @@ class ValidateStage(Stage):
             and v.rule.reject_code is not None
             and v.enforceable
             and (v.party or CO) == CO
-            and self.modes[v.rule.id] == AUDIT
+            and self._mode(v.rule.id) == AUDIT
             and v.rule.id not in plan.spec.table.accepted_not_judged
         ]
         if judged:
@@ -637,7 +661,7 @@ class ValidateStage(Stage):
             if v.rule.level == MUST
             and v.rule.reject_code is not None
             and v.enforceable
-            and self.modes[v.rule.id] == ENFORCE
+            and self._mode(v.rule.id) == ENFORCE
         ]
         if not enforced:
             return
@@ -1086,7 +1110,7 @@ class ValidateStage(Stage):
         request_id = call.stage_state.get("request_id")
         for v in violations:
             rule = v.rule
-            if self.modes[rule.id] == OFF:
+            if self._mode(rule.id) == OFF:
                 continue
             who = v.party or party
             section = rule.section_for(plan.rpc)
@@ -1120,7 +1144,8 @@ class ValidateStage(Stage):
 
 
 def known_rules(registry: Any) -> dict[str, Rule]:
-    """Every bundled rule, and the rules of the registry's descriptor-set specs."""
+    """Every bundled rule, and the rules of the registry's descriptor-set specs (the whole
+    catalogue: imports every table)."""
     known = all_rules()
     for spec in getattr(registry, "specs", {}).values():
         if not spec.bundled:
@@ -1128,11 +1153,26 @@ def known_rules(registry: Any) -> dict[str, Rule]:
     return known
 
 
+class _RuleIds(Container[str]):
+    """The rule ids :func:`known_rules` lists, checked one by one: a bundled id imports only
+    the tables of its family (a --rule item may load a spec no call has used yet)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.sets = [s for s in getattr(registry, "specs", {}).values() if not s.bundled]
+
+    def __contains__(self, rule_id: object) -> bool:
+        if not isinstance(rule_id, str):
+            return False
+        if find_rule(rule_id) is not None:
+            return True
+        return any(r.id == rule_id for s in self.sets for r in annotated.rules_for(s))
+
+
 def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     mode = getattr(ns, "validation", AUDIT)
     rule_modes = parse_rule_modes(
         getattr(ns, "rule", None) or (),
-        known_rules(getattr(runtime, "registry", None)),
+        _RuleIds(getattr(runtime, "registry", None)),
         value_source(ns, "--rule"),
     )
     if mode == OFF and all(m == OFF for m in rule_modes.values()):
