@@ -14,8 +14,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -48,11 +50,16 @@ PROBE = textwrap.dedent(
 )
 
 
-def loaded_by(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
-) -> tuple[bool, list[str]]:
-    """Whether a proxy with ``args`` reached its plugin (a gRPC server without services,
-    in this process), and what it imported among HEAVY."""
+def run_probe(
+    tmp_path: Path,
+    probe: str,
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    probe_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run ``probe`` (given ``probe_args``, then the serve flags: endpoints and ``args``)
+    in a fresh interpreter, against a gRPC server without services in this process; what
+    it printed last, as JSON."""
     plugin = tmp_path / "plugin.sock"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.add_insecure_port(f"unix:{plugin}")
@@ -60,18 +67,19 @@ def loaded_by(
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLUGPROXY_"))}
     environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *sys.path])
     environ.update(env or {})
-    argv = [
-        "--listen",
-        f"unix://{tmp_path / 'proxy.sock'}",
-        "--upstream",
-        f"unix://{plugin}",
-        "--admin-listen",
-        "127.0.0.1:0",
-        *args,
-    ]
+    argv = ["--listen", f"unix://{tmp_path / 'proxy.sock'}", "--upstream", f"unix://{plugin}"]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", PROBE, ",".join(HEAVY), *argv],
+            [
+                sys.executable,
+                "-c",
+                probe,
+                *probe_args,
+                *argv,
+                "--admin-listen",
+                "127.0.0.1:0",
+                *args,
+            ],
             env=environ,
             capture_output=True,
             text=True,
@@ -81,7 +89,15 @@ def loaded_by(
     finally:
         server.stop(0)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def loaded_by(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[bool, list[str]]:
+    """Whether a proxy with ``args`` reached its plugin, and what it imported among HEAVY."""
+    result = run_probe(tmp_path, PROBE, args, env, probe_args=[",".join(HEAVY)])
     return result["ready"], [name for name in result["loaded"] if name.startswith(HEAVY)]
 
 
@@ -157,26 +173,7 @@ LAZY_PROBE = textwrap.dedent(
 def test_a_spec_is_built_on_its_first_call(
     tmp_path: Path, args: tuple[str, ...], at_start: dict[str, list[str]]
 ) -> None:
-    plugin = tmp_path / "plugin.sock"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    server.add_insecure_port(f"unix:{plugin}")
-    server.start()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PLUGPROXY_"))}
-    environ["PYTHONPATH"] = os.pathsep.join([str(SRC), *sys.path])
-    argv = ["--listen", f"unix://{tmp_path / 'proxy.sock'}", "--upstream", f"unix://{plugin}"]
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", LAZY_PROBE, *argv, "--admin-listen", "127.0.0.1:0", *args],
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        server.stop(0)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
+    result = run_probe(tmp_path, LAZY_PROBE, args)
     assert result["code"] == "UNIMPLEMENTED"  # the plugin's answer, relayed
     expected = {kind: at_start.get(kind, []) for kind in ("pools", "tables")}
     assert result["before"] == expected

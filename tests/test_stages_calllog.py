@@ -338,13 +338,19 @@ def test_build_honours_the_options():
         calllog.build(ns("--redact", "csi.v1.Nope.x"), _Runtime())  # type: ignore[arg-type]
 
 
-async def test_a_response_echoing_a_request_secret_is_masked_in_the_log(plugin, make_proxy):
+def answer_echoing_the_secret(plugin: Any) -> tuple[str, bytes]:
+    """The plugin answers CreateVolume with a volume_context quoting SECRET."""
     create = "/csi.v1.Controller/CreateVolume"
     echo = CSI.message_class("csi.v1.CreateVolumeResponse")()
     echo.volume.volume_id = "pvc-9"
     echo.volume.volume_context["debug"] = f"created with password {SECRET}"
     raw = echo.SerializeToString()
     plugin.raw[create] = lambda req: raw
+    return create, raw
+
+
+async def test_a_response_echoing_a_request_secret_is_masked_in_the_log(plugin, make_proxy):
+    create, raw = answer_echoing_the_secret(plugin)
     proxy = await make_proxy("--log-payloads")
     request = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
     request.secrets["password"] = SECRET
@@ -360,12 +366,7 @@ async def test_a_remembered_render_is_still_masked_for_the_call_whose_secret_it_
 ):
     """Small messages are rendered once per distinct bytes; the secrets of each call are
     masked afterwards, so the same response bytes show a secret only for calls without it."""
-    create = "/csi.v1.Controller/CreateVolume"
-    echo = CSI.message_class("csi.v1.CreateVolumeResponse")()
-    echo.volume.volume_id = "pvc-9"
-    echo.volume.volume_context["debug"] = f"created with password {SECRET}"
-    raw = echo.SerializeToString()
-    plugin.raw[create] = lambda req: raw
+    create, raw = answer_echoing_the_secret(plugin)
     proxy = await make_proxy("--log-payloads")
     without = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
     with_secret = CSI.message_class("csi.v1.CreateVolumeRequest")(name="pvc-9")
