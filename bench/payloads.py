@@ -44,6 +44,29 @@ def list_volumes_response(entries: int) -> bytes:
     return bytes(msg.SerializeToString())
 
 
+def capability_responses() -> dict[str, bytes]:
+    """What the plugin serving the ListVolumes page answers when asked for its capabilities:
+    a proxy learns them before it judges a listing (rules gated on them run then)."""
+    plugin = _cls("GetPluginCapabilitiesResponse")(
+        capabilities=[{"service": {"type": "CONTROLLER_SERVICE"}}]
+    )
+    controller = _cls("ControllerGetCapabilitiesResponse")(
+        capabilities=[
+            {"rpc": {"type": name}}
+            for name in (
+                "CREATE_DELETE_VOLUME",
+                "PUBLISH_UNPUBLISH_VOLUME",
+                "LIST_VOLUMES",
+                "LIST_VOLUMES_PUBLISHED_NODES",  # the page's entries carry published nodes
+            )
+        ]
+    )
+    return {
+        "/csi.v1.Identity/GetPluginCapabilities": bytes(plugin.SerializeToString()),
+        "/csi.v1.Controller/ControllerGetCapabilities": bytes(controller.SerializeToString()),
+    }
+
+
 def metadata_allocated_request() -> bytes:
     msg = _cls("GetMetadataAllocatedRequest")(snapshot_id="snap-bench", max_results=0)
     msg.secrets["token"] = "not-a-real-secret"

@@ -556,7 +556,7 @@ def big_calls(mode: Mode, tools: Tools, running: dict[str, Target], files: Path)
 def rss_run(calls: int, tools: Tools, running: dict[str, Target]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     chunk = max(calls // 10, 1)
-    for name in ("passthrough", "full"):
+    for name in ("passthrough", "defaults", "full"):
         if name not in running:
             continue
         target = running[name]

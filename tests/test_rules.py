@@ -235,6 +235,11 @@ def test_size_counts_utf8_bytes_not_characters():
     assert ("csi.size-limit", "volume_id") in rules_of(
         "csi.v1", msg("csi.v1", "Volume", volume_id=value)
     )
+    # in a list, and in map keys and values: 200 characters, 400 bytes
+    status = msg("csi.v1", "ListVolumesResponse.VolumeStatus", published_node_ids=["é" * 200])
+    assert rules_of("csi.v1", status) == [("csi.size-limit", "published_node_ids[0]")]
+    made = msg("csi.v1", "Volume", volume_id="v", volume_context={"é" * 700: "é" * 1400})
+    assert rules_of("csi.v1", made) == [("csi.size-limit", "volume_context")]
 
 
 def test_map_limit_is_4_kib_in_total():

@@ -20,6 +20,7 @@ from plugproxy.log import Logger
 from plugproxy.registry import Registry
 from plugproxy.rules import TABLES
 from plugproxy.rules.csi_consistency import HANDOVER, SNAPSHOT_RECENT, ConsistencyState
+from plugproxy.sampling import SAMPLE_MIN_BYTES
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 from tests.support import channel, start_proxy, start_recorder
@@ -287,6 +288,71 @@ def test_volume_context_changed_in_csi_v0_attributes():
     assert p.call("ListVolumes", {}, {"entries": [entry]}) == [
         ("csi.volume-context-changed", "plugin", "entries[0].volume.attributes")
     ]
+
+
+def test_any_other_map_is_a_change_and_the_same_map_in_any_order_is_not():
+    p = Proxy()
+
+    def listed(context: dict[str, str]) -> set[str]:
+        entry = {"volume": {"volume_id": "vol-1", "volume_context": context}}
+        return p.ids("ListVolumes", {}, {"entries": [entry]})
+
+    assert listed({"a": "1", "b": "2"}) == set()
+    assert listed({"b": "2", "a": "1"}) == set()
+    for other in ({"a": "2", "b": "1"}, {"a": "1", "b": "2", "c": ""}, {"a": "1"}, {"b": "1"}):
+        assert listed(other) == {"csi.volume-context-changed"}, other
+
+
+def long_listing(contexts: dict[int, dict[str, str]], n: int = 1000) -> dict[str, Any]:
+    """A ListVolumes answer long enough to be judged on a sample (plugproxy.sampling)."""
+    pad = {"pool": "gold", "zone": "zone-a", "note": "p" * 60}
+    return {
+        "entries": [
+            {"volume": {"volume_id": f"vol-{i}", "volume_context": contexts.get(i, pad)}}
+            for i in range(n)
+        ]
+    }
+
+
+def test_a_long_sampled_listing_reports_a_changed_context_at_its_real_index():
+    """Entry 999 is the last of the page, always in the sample; entry 3 is in its head."""
+    p = Proxy()
+    p.node_info()
+    created = {"pool": "gold", "token": SECRET}
+    p.create("vol-3", created)
+    same = long_listing({3: dict(reversed(created.items()))})  # the map in another order
+    encoded = REG.lookup(p.paths["ListVolumes"]).response_class(**same).SerializeToString()
+    assert len(encoded) >= SAMPLE_MIN_BYTES  # judged on a sample indeed
+    assert p.call("ListVolumes", {}, same) == []
+    assert p.call("ListVolumes", {}, same) == []
+    # changed between two listings
+    moved = long_listing({3: created, 999: {"pool": "silver"}})
+    assert p.call("ListVolumes", {}, moved) == [
+        ("csi.volume-context-changed", "plugin", "entries[999].volume.volume_context")
+    ]
+    assert "ListVolumes returned" in p.messages() and "(1 entries)" in p.messages()
+    # changed against what CreateVolume returned
+    leaked = long_listing({3: {"pool": "gold", "token": "other"}})
+    assert p.call("ListVolumes", {}, leaked) == [
+        ("csi.volume-context-changed", "plugin", "entries[3].volume.volume_context"),
+        ("csi.volume-context-changed", "plugin", "entries[999].volume.volume_context"),
+    ]
+    assert "CreateVolume returned" in p.messages() and SECRET not in p.messages()
+
+
+def test_listings_that_repeat_create_volumes_context_keep_it_judged_for_the_co():
+    """A listing agreeing with CreateVolume keeps CreateVolume's memory (its entries), so the
+    CO's copy is still compared entry by entry afterwards."""
+    p = Proxy()
+    p.node_info()
+    p.create("vol-3", {"pool": "gold", "fs": "ext4"})
+    assert p.call("ListVolumes", {}, long_listing({3: {"fs": "ext4", "pool": "gold"}})) == []
+    stage = {"staging_target_path": "/s", "volume_capability": RWO}
+    req = {"volume_id": "vol-3", "volume_context": {"pool": "gold"}, **stage}
+    assert p.call("NodeStageVolume", req) == [
+        ("csi.volume-context-mismatch", "co", "volume_context")
+    ]
+    assert "lacks 1 and changes 0 of the 2 entries" in p.messages()
 
 
 def test_the_co_must_pass_what_create_volume_returned_and_may_add_its_own():
@@ -997,6 +1063,19 @@ def test_the_familys_memory_is_bounded_and_expires():
     assert p.ids("NodePublishVolume", {"volume_id": "vol-x", "target_path": "/t4"}) == set()
     req = {"volume_id": "vol-4", "volume_capabilities": [RWO], "volume_context": {"a": "b"}}
     assert p.ids("ValidateVolumeCapabilities", req) == set()
+
+
+def test_listing_a_volume_keeps_its_context_known_and_silence_forgets_it():
+    p = Proxy(lifecycle_ttl=60.0)
+    listed = {"entries": [{"volume": {"volume_id": "vol-1", "volume_context": {"a": "1"}}}]}
+    changed = {"entries": [{"volume": {"volume_id": "vol-1", "volume_context": {"a": "2"}}}]}
+    for _ in range(3):
+        assert p.ids("ListVolumes", {}, listed) == set()
+        p.clock.now += 40  # each listing starts the hour (here a minute) again
+    assert p.ids("ListVolumes", {}, changed) == {"csi.volume-context-changed"}
+    assert "ListVolumes returned for this volume id 2m ago" in p.messages()  # the first one
+    p.clock.now += 61
+    assert p.ids("ListVolumes", {}, listed) == set()  # forgotten: a first sighting again
 
 
 def test_kubelet_polling_stats_keeps_a_mounted_volume_known():

@@ -8,8 +8,9 @@ a few kilobytes.
 For every message type with repeated message fields at the top level, a *skeleton* type is
 built once at startup: the same field numbers, those fields read as raw bytes, every other
 field left unknown (upb keeps unknown fields and writes them back). Parsing the skeleton
-only finds where each entry starts and ends. The entries kept are decoded together with the
-rest of the message as one small message of the real type; the others stay bytes.
+only finds where each entry starts and ends. The skeleton keeps only the entries picked and
+is written out again, then decoded as one small message of the real type (the same bytes
+under the same field numbers); the others stay bytes.
 
 Entries kept of a list of ``n > SAMPLE_SIZE``: the first half of the sample in order (what a
 log line shows), then the other half spread evenly over the rest, the last entry included
@@ -89,7 +90,7 @@ class Skeleton:
         pool.Add(proto)
         shape_descriptor = pool.FindMessageTypeByName(package + ".Skeleton")
         self.cls = message_factory.GetMessageClass(shape_descriptor)
-        self.fields = tuple((fd.name, varint(fd.number << 3 | 2)) for fd in fields)
+        self.fields = tuple((fd.name, fd.number) for fd in fields)
 
     def sample(self, raw: bytes, cls: type[Message], size: int = SAMPLE_SIZE) -> Sample | None:
         """The sampled message, or None when no list is longer than ``size`` or the bytes do
@@ -100,8 +101,7 @@ class Skeleton:
             return None
         totals: dict[str, int] = {}
         indices: dict[str, list[int]] = {}
-        tail: list[bytes] = []
-        for name, tag in self.fields:
+        for name, _ in self.fields:
             entries = getattr(skeleton, name)
             n = len(entries)
             if n <= size:
@@ -109,14 +109,14 @@ class Skeleton:
             picked = picked_indices(n, size)
             totals[name] = n
             indices[name] = picked
-            for i in picked:
-                entry = entries[i]
-                tail += (tag, varint(len(entry)), entry)
+            # Kept in the skeleton, so upb writes their tags and lengths (in C), in order.
+            kept = [entries[i] for i in picked]
             del entries[:]
+            entries.extend(kept)
         if not totals:
             return None
         try:
-            message = cls.FromString(skeleton.SerializeToString() + b"".join(tail))
+            message = cls.FromString(skeleton.SerializeToString())
         except DecodeError:
             return None
         return Sample(message, totals, indices)

@@ -23,8 +23,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cachetools import TTLCache
-
 from plugproxy.rules.csi_common import capability_names, generic_rules
 from plugproxy.rules.engine import (
     CO,
@@ -39,7 +37,7 @@ from plugproxy.rules.engine import (
     Violation,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import ago, message_digest, parts_digest
+from plugproxy.rules.memory import ExpiringMap, ago, message_digest, parts_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -292,11 +290,11 @@ class MachineMemory:
 
     def __init__(self, st: SpecState) -> None:
         # MachineName -> the VM ids last answered for it (CreateMachine, GetMachineStatus)
-        self.machines: TTLCache[str, _Machine] = TTLCache(
+        self.machines: ExpiringMap[str, _Machine] = ExpiringMap(
             st.max_volumes, st.lifecycle_ttl, st.clock
         )
         # GetVolumeIDs request digest -> (digest of its VolumeIDs answer, when)
-        self.volume_ids: TTLCache[bytes, tuple[bytes, float]] = TTLCache(
+        self.volume_ids: ExpiringMap[bytes, tuple[bytes, float]] = ExpiringMap(
             st.max_volumes, VOLUME_IDS_TTL, st.clock
         )
         # the last GetPluginInfo answer: (digest of name and version, when)
@@ -304,7 +302,7 @@ class MachineMemory:
         # capability answers since that GetPluginInfo answer, not yet confirmed by the next
         self.pending: list[tuple[frozenset[str], float]] = []
         # name and version digest -> the capabilities answered while at that version
-        self.pinned: TTLCache[bytes, _Pinned] = TTLCache(16, st.lifecycle_ttl, st.clock)
+        self.pinned: ExpiringMap[bytes, _Pinned] = ExpiringMap(16, st.lifecycle_ttl, st.clock)
         self.ttl = st.lifecycle_ttl
 
 

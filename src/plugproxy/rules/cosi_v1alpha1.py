@@ -17,8 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cachetools import TTLCache
-
 from plugproxy.rules.csi_common import TRANSPORT_CODES, generic_rules
 from plugproxy.rules.engine import (
     CO,
@@ -33,7 +31,7 @@ from plugproxy.rules.engine import (
     Violation,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import HANDOVER, ago, map_digest, message_digest
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, map_digest, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -265,16 +263,20 @@ class BucketMemory:
 
     def __init__(self, st: SpecState) -> None:
         # bucket name -> its last successful DriverCreateBucket
-        self.created: TTLCache[str, _Created] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
+        self.created: ExpiringMap[str, _Created] = ExpiringMap(
+            st.max_volumes, st.lifecycle_ttl, st.clock
+        )
         # bucket_id -> seen existing or deleted
-        self.seen: TTLCache[str, _Seen] = TTLCache(st.max_volumes, st.lifecycle_ttl, st.clock)
+        self.seen: ExpiringMap[str, _Seen] = ExpiringMap(st.max_volumes, st.lifecycle_ttl, st.clock)
         # (bucket_id, account name) -> (account_id, when) of its last successful grant, and
         # (bucket_id, account_id) -> account name; for a lease only (another replica may
         # revoke and grant again).
-        self.grants: TTLCache[tuple[str, str], tuple[str, float]] = TTLCache(
+        self.grants: ExpiringMap[tuple[str, str], tuple[str, float]] = ExpiringMap(
             st.max_volumes, HANDOVER, st.clock
         )
-        self.accounts: TTLCache[tuple[str, str], str] = TTLCache(st.max_volumes, HANDOVER, st.clock)
+        self.accounts: ExpiringMap[tuple[str, str], str] = ExpiringMap(
+            st.max_volumes, HANDOVER, st.clock
+        )
         self.clock = st.clock
 
 

@@ -15,10 +15,12 @@ on this socket returned or did (CSI v1.12 and v0.3).
   snapshot metadata streams continued from where they ended.
 
 Everything is learned from calls this proxy relayed and kept in :class:`ConsistencyState`
-(bounded TTL caches, like the lifecycle state): history the proxy did not see is unknown,
-never a violation. Contexts, secrets and tokens are kept and compared as blake2b digests,
-never as values, and messages never quote them. No rule here is enforced: each judges
-memory, so it is reported (``reject_code=None`` or ``enforceable=False``).
+(bounded, expiring maps, like the lifecycle state): history the proxy did not see is unknown,
+never a violation. Contexts, secrets and tokens are kept and compared as digests, never as
+values, and messages never quote them: blake2b, but a volume_context as one keyed hash of
+the whole map (:func:`_fingerprint`), as listings compare hundreds a call. No rule here is
+enforced: each judges memory, so it is reported (``reject_code=None`` or
+``enforceable=False``).
 
 HA controllers: what only the controller side saw (a ControllerPublishVolume) may have been
 undone through another replica. Such memory judges the plugin or the CO only while it is
@@ -34,11 +36,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cachetools import TTLCache
-
 from plugproxy.rules import csi_responses
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation, list_length
-from plugproxy.rules.memory import HANDOVER, ago, digest, map_digest
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest, map_digest
 from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:
@@ -63,6 +63,18 @@ def _value_digest(value: str) -> bytes:
 def _entries(values: Mapping[str, str]) -> tuple[tuple[str, bytes], ...]:
     """A context map as (key, value digest) pairs: keys to match a CO's copy, no values."""
     return tuple((key, _value_digest(values[key])) for key in sorted(values))
+
+
+def _fingerprint(values: Mapping[str, str]) -> int:
+    """One 64-bit hash of a whole context map, whatever order it was sent in.
+
+    A listing compares hundreds of contexts a call: one hash of the sorted keys, then their
+    values, as a tuple costs about a third of a blake2b digest per value (measured on a
+    two-entry context, reading the map included). Python's string hash is keyed at random
+    per process (SipHash), so what is kept says nothing of a value without that key; two
+    different maps give the same hash once in 2**64."""
+    keys = sorted(values)
+    return hash((*keys, *map(values.__getitem__, keys)))
 
 
 def _without(message: Any, name: str) -> bytes:
@@ -95,11 +107,15 @@ def _trim(entries: dict[str, Any]) -> None:
 
 @dataclass(slots=True)
 class _Context:
-    """A volume_context the plugin returned: (key, value digest) pairs."""
+    """A volume_context the plugin returned, as digests."""
 
-    entries: tuple[tuple[str, bytes], ...]
+    fingerprint: int  # of the whole map (_fingerprint)
+    size: int  # its number of entries
     rpc: str  # CreateVolume, ListVolumes or ControllerGetVolume
     at: float
+    # CreateVolume only: (key, value digest) pairs, to find which entries a CO's copy lacks
+    # or changes; a listing's record needs only the fingerprint.
+    entries: tuple[tuple[str, bytes], ...] = ()
     create_args: bytes = b""  # CreateVolume: digest of its request, secrets aside
 
 
@@ -179,27 +195,33 @@ class ConsistencyState:
     def __init__(self, st: SpecState) -> None:
         n, ttl, clock = st.max_volumes, st.lifecycle_ttl, st.clock
         self.clock = clock
-        self.contexts: TTLCache[str, _Context] = TTLCache(n, ttl, clock)
-        self.volumes: TTLCache[str, _Volume] = TTLCache(n, ttl, clock)
-        self.publishes: TTLCache[str, dict[str, _Publish]] = TTLCache(n, ttl, clock)
-        self.targets: TTLCache[str, tuple[str, float]] = TTLCache(n, ttl, clock)
-        self.snapshots: TTLCache[str, _Snapshot] = TTLCache(n, ttl, clock)
-        self.groups: TTLCache[str, _Group] = TTLCache(n, ttl, clock)
-        self.aborted: TTLCache[tuple[str, bytes], float] = TTLCache(ABORTED_TOKENS, ttl, clock)
+        self.contexts: ExpiringMap[str, _Context] = ExpiringMap(n, ttl, clock)
+        self.volumes: ExpiringMap[str, _Volume] = ExpiringMap(n, ttl, clock)
+        self.publishes: ExpiringMap[str, dict[str, _Publish]] = ExpiringMap(n, ttl, clock)
+        self.targets: ExpiringMap[str, tuple[str, float]] = ExpiringMap(n, ttl, clock)
+        self.snapshots: ExpiringMap[str, _Snapshot] = ExpiringMap(n, ttl, clock)
+        self.groups: ExpiringMap[str, _Group] = ExpiringMap(n, ttl, clock)
+        self.aborted: ExpiringMap[tuple[str, bytes], float] = ExpiringMap(
+            ABORTED_TOKENS, ttl, clock
+        )
         # snapshot id -> (volume_capacity_bytes a metadata stream reported, when)
-        self.capacities: TTLCache[str, tuple[int, float]] = TTLCache(n, ttl, clock)
-        self.streams: TTLCache[tuple[str, ...], _Stream] = TTLCache(n, ttl, clock)
+        self.capacities: ExpiringMap[str, tuple[int, float]] = ExpiringMap(n, ttl, clock)
+        self.streams: ExpiringMap[tuple[str, ...], _Stream] = ExpiringMap(n, ttl, clock)
         # (rpc, request digest) -> (id answered, when) of a successful CreateSnapshot or
         # CreateVolumeGroupSnapshot, and id -> its key: kept only as long as no other HA
         # replica can have deleted the object and had it created anew (HANDOVER).
-        self.created: TTLCache[tuple[str, bytes], tuple[str, float]] = TTLCache(n, HANDOVER, clock)
-        self.created_ids: TTLCache[str, tuple[str, bytes]] = TTLCache(n, HANDOVER, clock)
+        self.created: ExpiringMap[tuple[str, bytes], tuple[str, float]] = ExpiringMap(
+            n, HANDOVER, clock
+        )
+        self.created_ids: ExpiringMap[str, tuple[str, bytes]] = ExpiringMap(n, HANDOVER, clock)
         # volume id -> the largest capacity the plugin confirmed for it, by side:
         # (bytes, rpc, when); a volume never shrinks.
-        self.sizes: TTLCache[tuple[str, str], tuple[int, str, float]] = TTLCache(n, ttl, clock)
+        self.sizes: ExpiringMap[tuple[str, str], tuple[int, str, float]] = ExpiringMap(
+            n, ttl, clock
+        )
         # group_snapshot_id -> when DeleteVolumeGroupSnapshot answered OK for it; only for a
         # lease, as another replica may re-create a group under the same id later.
-        self.deleted_groups: TTLCache[str, float] = TTLCache(n, HANDOVER, clock)
+        self.deleted_groups: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
         # The topology key prefix the plugin last returned: (prefix, rpc, when).
         self.prefix: tuple[str, str, float] | None = None
 
@@ -259,16 +281,24 @@ def _same_id(
 
 
 def _topology_prefixes(
-    cs: CompiledSpec, mem: ConsistencyState, rpc: str, topologies: Iterable[Any], where: str
+    cs: CompiledSpec,
+    mem: ConsistencyState,
+    rpc: str,
+    topologies: Iterable[Any],
+    where: str,
+    now: float | None = None,
 ) -> Iterable[Violation]:
     """One key prefix across every topology key the plugin returns (§Topology)."""
-    now = mem.clock()
+    if now is None:
+        now = mem.clock()
     for topology in topologies:
         for key in topology.segments:
             prefix, slash, _ = key.rpartition("/")
             if not slash or _kubernetes_owned(prefix):
                 continue
             prev = mem.prefix
+            if prev is not None and prev[0] == prefix and prev[1] == rpc and prev[2] == now:
+                continue  # this answer's own keys already remembered it
             if prev is not None and now - prev[2] > CAPABILITY_TTL:
                 prev = None  # the plugin may have been replaced since
             if prev is not None and prev[0] != prefix:
@@ -653,28 +683,43 @@ class ConsistencyChecks:
     # -- volume_context ---------------------------------------------------------------
 
     def _plugin_context(
-        self, cs: CompiledSpec, mem: ConsistencyState, vol: Any, rpc: str, where: str
-    ) -> Iterable[Violation]:
-        """Compare a Volume a listing or ControllerGetVolume returned; remember it."""
+        self, cs: CompiledSpec, mem: ConsistencyState, vol: Any, rpc: str, where: str, now: float
+    ) -> Violation | None:
+        """Compare a Volume ControllerGetVolume returned; remember it (list_volumes_response
+        does the same inline)."""
         vid = getattr(vol, self.f.volume_id)
         values = getattr(vol, self.f.volume_context)
         if not vid or not values:
-            return
-        now = mem.clock()
-        entries = _entries(values)
-        prev = mem.contexts.get(vid)
-        if prev is not None and prev.entries == entries:
-            mem.contexts[vid] = prev  # the same: keep where it came from, for longer
-            return
-        if prev is not None:
-            yield Violation(
-                cs.rule("volume-context-changed"),
-                f"{where}.{self.f.volume_context}",
-                f"{where}.{self.f.volume_context} ({len(entries)} entries) differs from the"
-                f" one {prev.rpc} returned for this volume id {ago(now - prev.at)}"
-                f" ({len(prev.entries)} entries)",
-            )
-        mem.contexts[vid] = _Context(entries, rpc, now)
+            return None
+        fingerprint = _fingerprint(values)
+        prev = mem.contexts.touch(vid)  # the same: kept as it came, for longer; else replaced
+        if prev is not None and prev.fingerprint == fingerprint:
+            return None
+        return self._other_context(cs, mem, vid, values, fingerprint, prev, rpc, where, now)
+
+    def _other_context(
+        self,
+        cs: CompiledSpec,
+        mem: ConsistencyState,
+        vid: str,
+        values: Mapping[str, str],
+        fingerprint: int,
+        prev: _Context | None,
+        rpc: str,
+        where: str,
+        now: float,
+    ) -> Violation | None:
+        """Remember a context other than the one remembered for ``vid``: a change if one was."""
+        mem.contexts[vid] = _Context(fingerprint, len(values), rpc, now)
+        if prev is None:
+            return None
+        return Violation(
+            cs.rule("volume-context-changed"),
+            f"{where}.{self.f.volume_context}",
+            f"{where}.{self.f.volume_context} ({len(values)} entries) differs from the"
+            f" one {prev.rpc} returned for this volume id {ago(now - prev.at)}"
+            f" ({prev.size} entries)",
+        )
 
     def create_volume_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
@@ -706,23 +751,25 @@ class ConsistencyChecks:
         values = getattr(vol, self.f.volume_context)
         prev = mem.contexts.get(vid)
         if values:
-            entries = _entries(values)
+            fingerprint = _fingerprint(values)
             args = _without(req, self.f.create_secrets)
             if (
                 prev is not None
                 and prev.rpc == "CreateVolume"
                 and prev.create_args == args
-                and prev.entries != entries
+                and prev.fingerprint != fingerprint
             ):
                 yield Violation(
                     cs.rule("volume-context-changed"),
                     f"volume.{self.f.volume_context}",
-                    f"volume.{self.f.volume_context} ({len(entries)} entries) differs from the"
+                    f"volume.{self.f.volume_context} ({len(values)} entries) differs from the"
                     " one an identical CreateVolume returned for this volume id"
-                    f" {ago(now - prev.at)} ({len(prev.entries)} entries)",
+                    f" {ago(now - prev.at)} ({prev.size} entries)",
                 )
-            if prev is None or prev.entries != entries or prev.rpc != "CreateVolume":
-                mem.contexts[vid] = _Context(entries, "CreateVolume", now, args)
+            if prev is None or prev.fingerprint != fingerprint or prev.rpc != "CreateVolume":
+                mem.contexts[vid] = _Context(
+                    fingerprint, len(values), "CreateVolume", now, _entries(values), args
+                )
             else:
                 mem.contexts[vid] = prev
 
@@ -738,34 +785,56 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
+        now = mem.clock()  # one answer: one time for all its entries
+        contexts = mem.contexts
+        id_field, context_field = self.f.volume_id, self.f.volume_context
+        # Hundreds of entries a call: _plugin_context's work inline, names made on a finding.
         for i, entry in enumerate(resp.entries):
-            if entry.HasField("volume"):
+            vol = entry.volume  # unset: an empty Volume, without id, context or topology
+            topologies = vol.accessible_topology
+            if topologies:
                 yield from _topology_prefixes(
                     cs,
                     mem,
                     "ListVolumes",
-                    entry.volume.accessible_topology,
+                    topologies,
                     f"entries[{i}].volume.accessible_topology",
+                    now,
                 )
-                yield from self._plugin_context(
-                    cs, mem, entry.volume, "ListVolumes", f"entries[{i}].volume"
-                )
+            vid = getattr(vol, id_field)
+            values = getattr(vol, context_field)
+            if not vid or not values:
+                continue
+            fingerprint = _fingerprint(values)
+            prev = contexts.touch(vid)  # the same: kept as it came, for longer; else replaced
+            if prev is not None and prev.fingerprint == fingerprint:
+                continue
+            changed = self._other_context(
+                cs, mem, vid, values, fingerprint, prev, "ListVolumes", f"entries[{i}].volume", now
+            )
+            if changed is not None:
+                yield changed
         self._token_handed_out(mem, call, resp)
 
     def controller_get_volume_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
     ) -> Iterable[Violation]:
         if resp.HasField("volume"):
+            mem = _mem(st)
+            now = mem.clock()
             yield from _topology_prefixes(
                 cs,
-                _mem(st),
+                mem,
                 "ControllerGetVolume",
                 resp.volume.accessible_topology,
                 "volume.accessible_topology",
+                now,
             )
-            yield from self._plugin_context(
-                cs, _mem(st), resp.volume, "ControllerGetVolume", "volume"
+            changed = self._plugin_context(
+                cs, mem, resp.volume, "ControllerGetVolume", "volume", now
             )
+            if changed is not None:
+                yield changed
 
     def _context_mismatch(self, cs: CompiledSpec, st: SpecState, req: Any) -> Iterable[Violation]:
         prev = _mem(st).contexts.get(req.volume_id)

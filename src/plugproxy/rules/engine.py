@@ -4,8 +4,9 @@ A spec table (one module per spec in this package) is data: rule ids with their 
 party and spec section, and per message type the fields each rule family applies to.
 Whatever the descriptors state (types, oneofs, repeated and map fields, nesting) is read
 from the descriptors. :func:`compile_table` turns a table into one checker per message
-type, a flat tuple of small closures; message types without any check get no checker and
-are never walked. Nothing is interpreted per call.
+type: a function made at startup that calls small closures in turn, and tests a submessage
+field's presence before calling its own checker; message types without any check get no
+checker and are never walked. Nothing is interpreted per call.
 
 proto3 cannot tell an unset scalar from its zero value: a REQUIRED string, bytes, map or
 repeated field is "missing" when empty, a REQUIRED enum when it holds 0 (UNKNOWN), a
@@ -526,20 +527,18 @@ def _oneof_op(desc: Descriptor, oneof: str, rule: Rule, spec: str) -> Op:
 
 
 def _string_size_op(name: str, limit: int, rule: Rule, repeated: bool) -> Op:
-    quick = limit // 4  # a str of n characters has at most 4n UTF-8 bytes
-
-    def over(value: str) -> int:
-        if len(value) <= quick:
-            return 0
-        n = utf8_len(value)
-        return n if n > limit else 0
+    # A str of n characters has at most 4n UTF-8 bytes: only a longer one is encoded. The
+    # test is inline, as these run for every entry of a listing.
+    quick = limit // 4
 
     if repeated:
 
         def each(msg: Any, prefix: str, out: list[Violation]) -> None:
             for i, v in enumerate(getattr(msg, name)):
-                n = over(v)
-                if n:
+                if len(v) <= quick:
+                    continue
+                n = utf8_len(v)
+                if n > limit:
                     out.append(
                         Violation(
                             rule,
@@ -551,8 +550,11 @@ def _string_size_op(name: str, limit: int, rule: Rule, repeated: bool) -> Op:
         return each
 
     def one(msg: Any, prefix: str, out: list[Violation]) -> None:
-        n = over(getattr(msg, name))
-        if n:
+        v = getattr(msg, name)
+        if len(v) <= quick:
+            return
+        n = utf8_len(v)
+        if n > limit:
             out.append(
                 Violation(
                     rule, prefix + name, f"{prefix}{name} is {n} bytes; the limit is {limit} bytes"
@@ -568,11 +570,11 @@ def _map_size_op(name: str, limit: int, rule: Rule) -> Op:
         if not m:
             return
         size = 0
-        for k, v in m.items():
-            size += len(k) + len(v)
+        for k in m:  # keys, then m[k]: a protobuf map's items() is a slow Python view
+            size += len(k) + len(m[k])
         if size * 4 <= limit:
             return
-        size = sum(utf8_len(k) + utf8_len(v) for k, v in m.items())
+        size = sum(utf8_len(k) + utf8_len(m[k]) for k in m)
         if size > limit:
             out.append(
                 Violation(
@@ -711,13 +713,13 @@ def _topology_op(
         segments = getattr(msg, name)
         if not segments:
             return
-        items = tuple(segments.items())
+        items = tuple([(k, segments[k]) for k in segments])
         if items in valid:
             return
         before = len(out)
         where = prefix + name
         seen: dict[str, int] = {}
-        for i, (key, value) in enumerate(segments.items()):
+        for i, (key, value) in enumerate(items):
             problem = topology_key_problem(key, prefix_lower)
             if problem is not None:
                 out.append(Violation(key_rule, f"{where}[key {i}]", f"{where}[key {i}] {problem}"))
@@ -795,6 +797,7 @@ def _spread(n: int, sample: int | None) -> range | list[int]:
 
 
 def _nested_op(fd: FieldDescriptor, checker: Checker, sample: int | None) -> Op:
+    """The checks of a repeated or map field's messages (a singular one is a _Submessage)."""
     name = fd.name
     if _is_map(fd):
 
@@ -807,34 +810,48 @@ def _nested_op(fd: FieldDescriptor, checker: Checker, sample: int | None) -> Op:
                 checker(values[i], f"{prefix}{name}[entry {i}].", out)
 
         return map_values
-    if fd.is_repeated:
 
-        def each(msg: Any, prefix: str, out: list[Violation]) -> None:
-            values = getattr(msg, name)
-            if sample is None or len(values) <= sample:
-                for i, v in enumerate(values):
-                    checker(v, f"{prefix}{name}[{i}].", out)
-                return
-            for i in _spread(len(values), sample):
-                checker(values[i], f"{prefix}{name}[{i}].", out)
+    def each(msg: Any, prefix: str, out: list[Violation]) -> None:
+        values = getattr(msg, name)
+        if sample is None or len(values) <= sample:
+            for i, v in enumerate(values):
+                checker(v, f"{prefix}{name}[{i}].", out)
+            return
+        for i in _spread(len(values), sample):
+            checker(values[i], f"{prefix}{name}[{i}].", out)
 
-        return each
-
-    def single(msg: Any, prefix: str, out: list[Violation]) -> None:
-        if msg.HasField(name):
-            checker(getattr(msg, name), f"{prefix}{name}.", out)
-
-    return single
+    return each
 
 
-def _sequence(ops: tuple[Op, ...]) -> Checker:
-    if len(ops) == 1:
+@dataclass(frozen=True)
+class _Submessage:
+    """A singular message field with checks: inlined by :func:`_sequence` as a presence
+    test and one call of the field's checker (no op of its own to call per message)."""
+
+    name: str
+    checker: Checker
+
+
+def _sequence(ops: tuple[Op | _Submessage, ...]) -> Checker:
+    """One checker calling ``ops`` in order, made at startup as one function: no loop, and
+    for a submessage field only its presence test when it is unset."""
+    if len(ops) == 1 and not isinstance(ops[0], _Submessage):
         return ops[0]
-
-    def run(msg: Any, prefix: str, out: list[Violation]) -> None:
-        for op in ops:
-            op(msg, prefix, out)
-
+    scope: dict[str, Any] = {}
+    lines = ["def run(msg, prefix, out):"]
+    for i, op in enumerate(ops):
+        if isinstance(op, _Submessage):
+            # repr(): a field name is a literal here, never code, whatever it is.
+            field, dotted = repr(op.name), repr(op.name + ".")
+            scope[f"op{i}"] = op.checker
+            lines.append(f"    if msg.HasField({field}):")
+            lines.append(f"        op{i}(getattr(msg, {field}), prefix + {dotted}, out)")
+        else:
+            scope[f"op{i}"] = op
+            lines.append(f"    op{i}(msg, prefix, out)")
+    made: dict[str, Any] = {}
+    exec("\n".join(lines), scope, made)
+    run: Checker = made["run"]
     return run
 
 
@@ -945,9 +962,9 @@ class _Compiler:
             self.checkers[key] = checker
         return checker
 
-    def _ops(self, desc: Descriptor) -> list[Op]:
+    def _ops(self, desc: Descriptor) -> list[Op | _Submessage]:
         t = self.table
-        ops: list[Op] = []
+        ops: list[Op | _Submessage] = []
         key = desc.full_name
         for suffix, name in self._required.get(key, ()):
             req_rule = self.rule(suffix)
@@ -1011,8 +1028,12 @@ class _Compiler:
                 if t.package and target.file.package != t.package:
                     continue  # google.protobuf well-known types carry no spec rules
                 nested = self.compile(target)
-                if nested is not None:
+                if nested is None:
+                    continue
+                if fd.is_repeated:
                     ops.append(_nested_op(fd, nested, self.sample))
+                else:
+                    ops.append(_Submessage(fd.name, nested))
         if self._topology is not None and key == self._topology[0]:
             ops.append(
                 _topology_op(

@@ -1,8 +1,9 @@
 """What the validation stage remembers between calls: capabilities and volume lifecycles.
 
 Everything here is learned from calls seen on the wire, bounded in memory and forgotten
-with time: capabilities expire after a TTL, volumes live in cachetools TTL caches that
-drop what was not touched for an hour (least recently used first when full). Only what
+with time: capabilities expire after a TTL, volumes live in bounded, expiring maps
+(:class:`~plugproxy.rules.memory.ExpiringMap`) that drop what was not updated for an hour
+(the one updated longest ago first when full). Only what
 the proxy saw counts: a volume it never saw staged is not "unstaged", it is unknown, and
 unknown history is never a violation. Memory that went stale (an HA peer relayed the
 next step, an answer was lost) thus ages into "unknown" instead of blocking a volume.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from cachetools import TTLCache
+from plugproxy.rules.memory import ExpiringMap
 
 CAPABILITY_TTL = 300.0  # a plugin upgrade may change them; re-learn after five minutes
 QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the next
@@ -60,9 +61,9 @@ class SpecState:
         self._capabilities: dict[str, tuple[frozenset[str], float]] = {}
         self._ttl = capability_ttl
         self._query_failed: dict[str, float] = {}
-        self.volumes: TTLCache[str, VolumeState] = TTLCache(max_volumes, lifecycle_ttl, clock)
+        self.volumes: ExpiringMap[str, VolumeState] = ExpiringMap(max_volumes, lifecycle_ttl, clock)
         # CreateVolume name -> (argument digest, volume id, when) of the last successful create.
-        self.creates: TTLCache[str, tuple[bytes, str, float]] = TTLCache(
+        self.creates: ExpiringMap[str, tuple[bytes, str, float]] = ExpiringMap(
             max_volumes, lifecycle_ttl, clock
         )
         self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
@@ -74,8 +75,8 @@ class SpecState:
     def part(self, kind: type[_Part]) -> _Part:
         """The memory a rule family keeps for this spec, made by ``kind(self)`` on first use.
 
-        A family module owns its state class; it bounds and expires it itself (TTLCache with
-        ``max_volumes``, ``lifecycle_ttl`` and ``clock``).
+        A family module owns its state class; it bounds and expires it itself (ExpiringMap
+        with ``max_volumes``, ``lifecycle_ttl`` and ``clock``).
         """
         found = self._parts.get(kind)
         if found is None:

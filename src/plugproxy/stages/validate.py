@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Container, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cachetools import TTLCache
 from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from prometheus_client import Counter
@@ -66,7 +65,7 @@ from plugproxy.rules.engine import (
     Violation,
     compile_table,
 )
-from plugproxy.rules.memory import ago, digest, parts_digest
+from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest
 from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
 
@@ -135,17 +134,17 @@ class GenericMemory:
         self.clock = st.clock
         # (rpc, request digest) -> (code, when): answers whose recovery forbids an unchanged
         # retry. ``refused_until`` lets a call skip hashing while nothing can match.
-        self.refused: TTLCache[tuple[str, bytes], tuple[str, float]] = TTLCache(
+        self.refused: ExpiringMap[tuple[str, bytes], tuple[str, float]] = ExpiringMap(
             st.max_volumes, RETRY_TTL, st.clock
         )
         self.refused_until = 0.0
         # object key -> (rpc, request digest, when) of the last successful state change.
-        self.changed: TTLCache[str, tuple[str, bytes, float]] = TTLCache(
+        self.changed: ExpiringMap[str, tuple[str, bytes, float]] = ExpiringMap(
             st.max_volumes, REPEAT_TTL, st.clock
         )
         # (rpc, object key) -> (code, when, digest of the fields the row names): answers
         # whose recovery forbids any retry for the object, or one keeping those fields.
-        self.unfixed: TTLCache[tuple[str, str], tuple[str, float, bytes]] = TTLCache(
+        self.unfixed: ExpiringMap[tuple[str, str], tuple[str, float, bytes]] = ExpiringMap(
             st.max_volumes, RETRY_TTL, st.clock
         )
         # service -> (rpc, when) of its last OK answer; a handful of services.
@@ -154,12 +153,12 @@ class GenericMemory:
         # are held, so the calls in flight bound it.
         self.in_flight: dict[str, int] = {}
         # (rpc, object key) -> when the plugin answered it ABORTED (an operation pending).
-        self.aborted: TTLCache[tuple[str, str], float] = TTLCache(
+        self.aborted: ExpiringMap[tuple[str, str], float] = ExpiringMap(
             st.max_volumes, RETRY_TTL, st.clock
         )
         self.aborted_until = 0.0
         # (rpc, request digest) -> identical requests answered with a back-off code.
-        self.backoff: TTLCache[tuple[str, bytes], BackoffSeries] = TTLCache(
+        self.backoff: ExpiringMap[tuple[str, bytes], BackoffSeries] = ExpiringMap(
             st.max_volumes, RETRY_TTL, st.clock
         )
         # rpc -> until when a series of it may be remembered: only its calls are hashed.
