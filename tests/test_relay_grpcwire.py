@@ -71,7 +71,8 @@ def test_grpc_content_types(content_type, grpc):
     assert is_grpc(content_type) is grpc
 
 
-def test_response_metadata_is_remembered_only_for_small_recurring_lists():
+def test_response_metadata_is_remembered_only_for_small_recurring_lists(monkeypatch):
+    monkeypatch.setattr(grpcwire, "_response_metadata", {})  # not filled by other tests
     trailers = [(b"grpc-status", b"0"), (b"x-vendor", b"a")]
     assert grpcwire.response_metadata(trailers) == (("x-vendor", "a"),)
     assert grpcwire.response_metadata(trailers) is grpcwire.response_metadata(list(trailers))
@@ -82,7 +83,8 @@ def test_response_metadata_is_remembered_only_for_small_recurring_lists():
     assert len(grpcwire._response_metadata) == before
 
 
-def test_request_metadata_items_are_remembered_except_per_call_values():
+def test_request_metadata_items_are_remembered_except_per_call_values(monkeypatch):
+    monkeypatch.setattr(grpcwire, "_metadata_items", {})  # not filled by other tests
     assert grpcwire.metadata_item(b"user-agent", b"grpc-go/1.60.1") == (
         "user-agent",
         "grpc-go/1.60.1",
