@@ -45,7 +45,7 @@ import payloads  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GOPATH_SYSTEM = "/usr/share/gocode"
-# As `plugproxy serve` runs (its event loop included: --event-loop, uvloop where installed).
+# As `plugproxy serve` runs (its event loop included: --event-loop, asyncio by default).
 SERVE = "import sys; from plugproxy import cli; sys.exit(cli.main(['serve', *sys.argv[1:]]))"
 # The budget for a proxy with its default configuration, just started.
 STARTUP_RSS_GOAL = 36 * 2**20
