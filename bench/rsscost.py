@@ -91,7 +91,6 @@ LAYERS = (
     "prometheus_client",
     "hpack",
     "orjson",
-    "cachetools",
     "uvloop",
     "plugproxy.serve",
 )

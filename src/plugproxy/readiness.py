@@ -8,7 +8,7 @@ is a BoolValue wrapper; when it is absent the caller assumes the plugin is ready
 How it runs: the admin server answers from its own thread. On a cache miss that thread
 schedules the Probe on the proxy's event loop (``asyncio.run_coroutine_threadsafe``) and
 waits at most ``--readiness-probe-timeout``. Results are kept for ``--readiness-cache-ttl``
-in a cachetools TTLCache, so kubelet probing every few seconds, or several probers at once,
+in a bounded, expiring map, so kubelet probing every few seconds, or several probers at once,
 cause at most one Probe per TTL; there is no background polling.
 
 Which Probe: the Identity Probe of each spec the proxy serves, in the order csi.v1, cmi.v1,
@@ -25,11 +25,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from cachetools import TTLCache
-
 from plugproxy.api import StatusCode, UpstreamError, UpstreamState, UpstreamView
 from plugproxy.options import Option, duration
 from plugproxy.registry import load_spec
+from plugproxy.rules.memory import ExpiringMap
 
 OPTIONS: list[Option] = [
     Option(
@@ -79,7 +78,7 @@ class ProbeReadiness:
         self._candidates = probe_paths(specs)
         self._loop = loop
         self._timeout = timeout
-        self._cache: TTLCache[str, tuple[bool, str]] = TTLCache(maxsize=1, ttl=max(ttl, 1e-6))
+        self._cache: ExpiringMap[str, tuple[bool, str]] = ExpiringMap(1, max(ttl, 1e-6))
         self._lock = threading.Lock()
         self._chosen: tuple[str, str] | None = None  # (spec, path); path "" = none answers
         self.probes_sent = 0
