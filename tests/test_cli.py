@@ -105,11 +105,10 @@ def test_every_duration_option_takes_units():
     assert ns.capability_query_timeout == 1.0
 
 
-async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
-    upstream = str(tmp_path / "plugin.sock")
-    listen = str(tmp_path / "csi.sock")
-    server, plugin = await start_recorder(upstream)
-    proc = await asyncio.create_subprocess_exec(
+async def start_serve(listen: str, upstream: str, **env: str) -> asyncio.subprocess.Process:
+    """`plugproxy serve` in a subprocess, configured through its environment (``env`` on
+    top of the endpoints and no admin server), its output piped."""
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "plugproxy",
@@ -121,9 +120,16 @@ async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
             "PLUGPROXY_LISTEN": f"unix://{listen}",
             "PLUGPROXY_UPSTREAM": f"unix://{upstream}",
             "PLUGPROXY_ADMIN_LISTEN": "off",
-            "PLUGPROXY_SHUTDOWN_GRACE": "10s",
+            **env,
         },
     )
+
+
+async def test_sigterm_drains_calls_in_flight_and_exits_zero(tmp_path):
+    upstream = str(tmp_path / "plugin.sock")
+    listen = str(tmp_path / "csi.sock")
+    server, plugin = await start_recorder(upstream)
+    proc = await start_serve(listen, upstream, PLUGPROXY_SHUTDOWN_GRACE="10s")
     try:
         await wait_until(lambda: os.path.exists(listen), timeout=15)
         async with channel(listen) as ch:
@@ -211,21 +217,7 @@ def test_every_subcommand_has_its_arguments_when_chosen():
 async def test_serve_runs_on_the_event_loop_chosen(tmp_path, choice, loop):
     upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "csi.sock")
     server, _ = await start_recorder(upstream)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "plugproxy",
-        "serve",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={
-            **CLEAN_ENV,
-            "PLUGPROXY_LISTEN": f"unix://{listen}",
-            "PLUGPROXY_UPSTREAM": f"unix://{upstream}",
-            "PLUGPROXY_ADMIN_LISTEN": "off",
-            "PLUGPROXY_EVENT_LOOP": choice,
-        },
-    )
+    proc = await start_serve(listen, upstream, PLUGPROXY_EVENT_LOOP=choice)
     try:
         await wait_until(lambda: os.path.exists(listen), timeout=15)
         async with channel(listen) as ch:
