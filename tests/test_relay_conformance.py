@@ -1323,3 +1323,71 @@ async def test_a_plugin_slow_with_its_settings_delays_neither_preface_nor_call(b
     assert len(plugin.relay_conns()) == 1
     # The whole request reached the plugin before it sent anything.
     assert plugin.notes["request read after"] < 0.5
+
+
+# == both sides: what the relay must carry through ==========================================
+
+# GetPluginInfoResponse{name: "example.com", vendor_version: "1"}: a call the stages judge.
+PLUGIN_INFO = b"\n\x0bexample.com\x12\x011"
+
+
+@pytest.mark.parametrize(
+    "path", [UNARY, "/csi.v1.Identity/GetPluginInfo"], ids=["passthrough", "through-stages"]
+)
+async def test_7541_6_2_3_never_indexed_fields_stay_never_indexed(behind, path):
+    """RFC 7541 §6.2.3: a field sent as never indexed (a token, say) must be sent on with
+    the same representation by an intermediary: in the request to the plugin, including
+    fields the relay rewrites (:authority, grpc-timeout) and call metadata the stages
+    handle, and in the answer to the CO."""
+    received: list[list[Header]] = []  # the request blocks the plugin decoded
+
+    async def plugin_script(plugin: FakePlugin, conn: PluginConn) -> None:
+        conn.send(S)
+        while (got := await conn.frame(timeout=None)) is not None:
+            if got.type == HEADERS:
+                fields = conn.decoder.decode(got.payload, raw=True)
+                if (b":path", path.encode()) in fields:
+                    received.append(fields)
+            if got.flags & END_STREAM and got.type in (HEADERS, DATA):
+                trailers = [*OK_TRAILERS, hpackcodec.NeverIndexed(b"x-session", b"s3ssion")]
+                conn.send(
+                    headers(got.stream, OK_HEADERS)
+                    + data(got.stream, message(PLUGIN_INFO))
+                    + headers(got.stream, trailers, end_stream=True)
+                )
+
+    never = hpackcodec.NeverIndexed
+    request = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        never(b":authority", b"node-1.example"),  # rewritten to the plugin's: localhost
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        never(b"grpc-timeout", b"5S"),  # rewritten to the time left
+        never(b"authorization", b"Bearer t0ken"),
+        (b"x-request-id", b"r-1"),
+        never(b"x-secret-bin", b"AAEC"),
+    ]
+    _, listen = await behind(plugin_script)
+    answer: list[Header] = []
+    async with connect(listen) as peer:
+        decoder = hpack.Decoder()
+        peer.send(PREFACE, S, headers(1, request), data(1, message(b""), end_stream=True))
+        while not answer:
+            got = await peer.until(lambda f: f.type in (HEADERS, GOAWAY, RST_STREAM))
+            assert got.type == HEADERS, got
+            fields = decoder.decode(got.payload, raw=True)
+            if got.flags & END_STREAM:
+                answer = fields
+
+    (sent,) = received
+    marked = {bytes(f[0]) for f in sent if isinstance(f, hpack.NeverIndexedHeaderTuple)}
+    assert marked == {b":authority", b"grpc-timeout", b"authorization", b"x-secret-bin"}
+    assert dict(sent)[b":authority"] == b"localhost"
+    assert dict(sent)[b"authorization"] == b"Bearer t0ken"
+    assert dict(sent)[b"x-request-id"] == b"r-1"
+    assert [f for f in answer if isinstance(f, hpack.NeverIndexedHeaderTuple)] == [
+        (b"x-session", b"s3ssion")
+    ]
+    assert dict(answer)[b"grpc-status"] == b"0"

@@ -70,6 +70,7 @@ def test_blocks_of_every_representation_decode_as_hpack_decodes_them():
     rng = random.Random(7541)
     encoder = hpack.Encoder()
     ours, theirs = hpack.Decoder(), hpack.Decoder()
+    never_indexed = 0
     names = [b":path", b"grpc-timeout", b"content-type", b"x-custom", b"authorization", b"te"]
     for round_ in range(400):
         if round_ % 50 == 49:
@@ -85,9 +86,39 @@ def test_blocks_of_every_representation_decode_as_hpack_decodes_them():
             else:
                 headers.append((name, value))
         block = encoder.encode(headers, huffman=rng.random() < 0.5)
-        mine, reference = _decode_both(ours, theirs, block)
-        assert mine == reference == [(bytes(n), bytes(v)) for n, v in headers]
+        mine, reference = hpackcodec.decode(ours, block), theirs.decode(block, raw=True)
+        assert _pairs(mine) == _pairs(reference) == [(bytes(n), bytes(v)) for n, v in headers]
+        # The never-indexed marking (§6.2.3) is kept field by field, as hpack keeps it (its
+        # encoder sends a field already in a table as indexed, marked or not).
+        marked = [isinstance(h, hpack.NeverIndexedHeaderTuple) for h in reference]
+        assert [isinstance(h, hpackcodec.NeverIndexed) for h in mine] == marked
+        never_indexed += sum(marked)
         assert list(ours.header_table.dynamic_entries) == list(theirs.header_table.dynamic_entries)
+    assert never_indexed > 100
+
+
+def test_never_indexed_fields_are_encoded_never_indexed_and_cached_apart():
+    """RFC 7541 §6.2.3: the 0001 pattern, a literal or indexed name; the plain field with the
+    same name and value keeps its own encoding, in both caches."""
+    never = hpackcodec.NeverIndexed(b"user-agent", b"ua/1")  # a name whose fields are cached
+    plain = (b"user-agent", b"ua/1")
+    assert (
+        never == hpackcodec.NeverIndexed(*plain)
+        and never != plain
+        and plain != never
+        and hash(never) != hash(plain)
+    )
+    assert hpackcodec.encode([never]) == b"\x1f\x2b\x04ua/1"  # static index 58 = 15 + 43
+    assert hpackcodec.encode([plain]) == b"\x0f\x2b\x04ua/1"
+    custom = hpackcodec.NeverIndexed(b"x-token", b"t")
+    assert hpackcodec.encode([custom]) == b"\x10\x07x-token\x01t"
+    for first, second in (([plain], [never]), ([never], [plain])):
+        hpackcodec._encoded.clear()
+        hpackcodec._encoded_fields.clear()
+        for fields in (first, second, first, second):
+            decoded = hpackcodec.decode(hpack.Decoder(), hpackcodec.encode_repeated(fields))
+            assert decoded == fields
+            assert [type(f) for f in decoded] == [type(f) for f in fields]
 
 
 def test_damaged_blocks_fail_as_hpack_fails_them():

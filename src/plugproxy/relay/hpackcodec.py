@@ -8,7 +8,9 @@ table, as HPACK requires) and re-encodes what it sends as literals that never en
 dynamic table (RFC 7541 §6.2.2). The blocks it sends are therefore independent of one
 another: the relay may hold a call, answer it itself or drop a late block without
 desynchronising either peer's decoder. Names are looked up in the static table so common
-headers still cost one byte.
+headers still cost one byte. A field its sender marked "never indexed" (§6.2.3: an
+authorization token, a cookie) is decoded as :class:`NeverIndexed` and sent on with the
+same marking, as that section requires of an intermediary.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ for _index, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
 
 _NAME_CACHE_LIMIT = 512  # header names are few; a CO inventing names must not grow memory
 _name_prefix: dict[bytes, bytes] = {}
+
+
+class NeverIndexed(tuple[bytes, bytes]):
+    """A field its sender encoded as never indexed (RFC 7541 §6.2.3), so that any hop after
+    us keeps it out of compression contexts too. Unequal to the plain (name, value) pair:
+    no cache keyed by fields or header lists can hand one's encoding to the other."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: bytes, value: bytes) -> NeverIndexed:
+        return tuple.__new__(cls, (name, value))
+
+    def __eq__(self, other: object) -> bool:
+        return other.__class__ is NeverIndexed and tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((NeverIndexed, self[0], self[1]))
 
 
 def encode_integer(value: int, prefix_bits: int, first: int) -> bytes:
@@ -66,7 +88,8 @@ def _name_bytes(name: bytes) -> bytes:
 
 
 def encode(headers: Iterable[Header]) -> bytes:
-    """A header block of literals without indexing; order and duplicates are kept."""
+    """A header block of literals without indexing (never indexed for :class:`NeverIndexed`
+    fields); order and duplicates are kept."""
     parts: list[bytes] = []
     append = parts.append
     prefixes = _name_prefix
@@ -78,12 +101,11 @@ def encode(headers: Iterable[Header]) -> bytes:
             continue
         name, value = field
         size = len(value)
+        prefix = prefixes.get(name) or _name_bytes(name)
+        if field.__class__ is NeverIndexed:  # §6.2.3: 0001 instead of 0000 in the first byte
+            prefix = bytes((prefix[0] | 0x10,)) + prefix[1:]
         encoded = b"".join(
-            (
-                prefixes.get(name) or _name_bytes(name),
-                bytes((size,)) if size < 0x7F else encode_integer(size, 7, 0x00),
-                value,
-            )
+            (prefix, bytes((size,)) if size < 0x7F else encode_integer(size, 7, 0x00), value)
         )
         if name in _RECURRING and len(known) < _FIELDS_LIMIT:
             known[field] = encoded
@@ -184,7 +206,8 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
         budget -= len(name) + len(value) + 32
         if budget < 0:
             raise TooLarge(f"header list over {decoder.max_header_list_size} bytes")
-        out.append((name, value))
+        # 0001 starts a never-indexed literal (§6.2.3): the marking goes on with the field.
+        out.append((name, value) if first & 0xF0 != 0x10 else NeverIndexed(name, value))
     if decoder.header_table_size > decoder.max_allowed_table_size:
         raise hpack.InvalidTableSizeError("Encoder did not shrink table size to within the max")
     return out

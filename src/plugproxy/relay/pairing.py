@@ -29,7 +29,7 @@ from plugproxy.pipeline import Chain
 from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
 from plugproxy.relay.grpcwire import Messages, MessageTooLarge, message_frame
-from plugproxy.relay.hpackcodec import Header
+from plugproxy.relay.hpackcodec import Header, NeverIndexed
 
 if TYPE_CHECKING:
     from plugproxy.relay.framerelay import FrameRelay, Route
@@ -763,7 +763,9 @@ class Pairing(asyncio.Protocol):
         authority = self.relay.authority
         call = stream.call
         out: list[Header] = []
-        for name, value in stream.headers:
+        never_indexed: set[bytes] = set()  # names the CO sent never indexed (RFC 7541 §6.2.3)
+        for field in stream.headers:
+            name, value = field
             sent = value
             if name == b":authority" and authority is not None:
                 sent = authority
@@ -771,11 +773,20 @@ class Pairing(asyncio.Protocol):
                 if stream.deadline is not None:
                     sent = grpcwire.format_timeout(max(0.0, stream.deadline - time.monotonic()))
             elif call is not None and name[:1] != b":" and name not in grpcwire.TRANSPORT_HEADERS:
+                if field.__class__ is NeverIndexed:
+                    never_indexed.add(name)
                 continue  # call metadata: sent below as the stages left it
-            out.append((name, sent))
+            if sent is value:
+                out.append(field)
+            elif field.__class__ is NeverIndexed:
+                out.append(NeverIndexed(name, sent))
+            else:
+                out.append((name, sent))
         if call is not None:
             for key, val in call.upstream_metadata:
-                out.append((key.encode("latin-1"), grpcwire.metadata_bytes(key, val)))
+                name = key.encode("latin-1")
+                raw = grpcwire.metadata_bytes(key, val)
+                out.append(NeverIndexed(name, raw) if name in never_indexed else (name, raw))
         return out
 
     def _cancel_upstream(self, stream: Stream, code: int = frames.CANCEL) -> None:
