@@ -340,6 +340,24 @@ def test_a_long_sampled_listing_reports_a_changed_context_at_its_real_index():
     assert "CreateVolume returned" in p.messages() and SECRET not in p.messages()
 
 
+def test_entries_listed_again_are_compared_with_what_the_plugin_said_since():
+    """A listed entry is read once and then known by its bytes (ConsistencyState.listed);
+    the comparison with what the plugin said of the volume since still happens."""
+    p = Proxy(caps={**V1_CAPS, "controller": {*V1_CAPS["controller"], "GET_VOLUME"}})
+    p.node_info()
+    page = long_listing({})
+    assert p.call("ListVolumes", {}, page) == []
+    assert len(p.state.part(ConsistencyState).listed) == 256  # the whole sample
+    other = {"volume": {"volume_id": "vol-999", "volume_context": {"pool": "silver"}}}
+    assert p.call("ControllerGetVolume", {"volume_id": "vol-999"}, other) == [
+        ("csi.volume-context-changed", "plugin", "volume.volume_context")
+    ]
+    assert p.call("ListVolumes", {}, page) == [
+        ("csi.volume-context-changed", "plugin", "entries[999].volume.volume_context")
+    ]
+    assert "ControllerGetVolume returned" in p.messages()
+
+
 def test_listings_that_repeat_create_volumes_context_keep_it_judged_for_the_co():
     """A listing agreeing with CreateVolume keeps CreateVolume's memory (its entries), so the
     CO's copy is still compared entry by entry afterwards."""

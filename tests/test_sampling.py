@@ -55,6 +55,23 @@ def test_a_large_message_is_sampled_and_kept_entries_decode_exactly():
     assert lazy.message == full  # asking for the whole message still gives all of it
 
 
+def test_a_sample_keeps_each_entrys_wire_bytes_and_makes_subsets_of_them():
+    raw = big_list(10_000)
+    sample = LazyMessage(raw, LIST_RESPONSE).sample
+    assert sample is not None
+    full = LIST_RESPONSE.FromString(raw)
+    wire = sample.raw["entries"]
+    assert len(wire) == SAMPLE_SIZE
+    for position, real in enumerate(sample.indices["entries"]):
+        assert wire[position] == full.entries[real].SerializeToString()
+    subset = sample.subset({"entries": [3, 200, 255]})
+    assert list(subset.entries) == [sample.message.entries[p] for p in (3, 200, 255)]
+    assert subset.next_token == "page-2"
+    assert len(sample.subset({"entries": []}).entries) == 0
+    assert sample.subset({}) == sample.message  # lists not named are kept whole
+    assert len(sample.subset({"entries": [0]}).entries) == 1  # the skeleton is reusable
+
+
 def test_small_messages_and_short_lists_are_used_whole():
     small = LazyMessage(big_list(10), LIST_RESPONSE)
     assert small.sample is None and small.sampled is small.message

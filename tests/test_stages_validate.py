@@ -570,6 +570,45 @@ async def test_a_large_page_is_judged_on_a_sample_naming_real_entries(recorder):
     assert str(late) in found["csi.required-field", f"entries[{late}].volume"]["message"]
 
 
+async def test_a_page_listed_again_is_judged_again_on_what_changed(recorder):
+    """Entries the checks found clean are known by their wire bytes and not read again: the
+    same bad entry is reported on every listing, an entry whose bytes change is judged
+    anew, and each listing judges entries the one before did not."""
+    plugin, upstream, listen = recorder
+    kept = picked_indices(10_000)
+    judged_first = [kept[p] for p in _spread(len(kept), RESPONSE_SAMPLE)]
+    bad, turned = judged_first[-2], judged_first[-3]
+
+    def page(broken: set[int]) -> bytes:
+        message = csi("ListVolumesResponse")
+        for i in range(10_000):
+            entry = message.entries.add()
+            if i not in broken:
+                entry.volume.volume_id = f"vol-{i:05d}"
+        return message.SerializeToString()
+
+    answers = [page({bad}), page({bad}), page({bad, turned})]
+    plugin.raw["/csi.v1.Controller/ListVolumes"] = lambda req: answers.pop(0)
+    proxy = await start_proxy(listen, upstream)
+    out = capture_log(proxy)
+    request = csi("ListVolumesRequest").SerializeToString()
+    clean: list[int] = []
+    try:
+        for _ in range(3):
+            _, err = await unary(listen, "/csi.v1.Controller/ListVolumes", request)
+            assert err is None
+            clean.append(
+                len(stage_of(proxy)._plans["/csi.v1.Controller/ListVolumes"].clean_entries)
+            )
+    finally:
+        await proxy.stop(0)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    found = [line["field"] for line in lines if line["event"] == "violation"]
+    assert found == [f"entries[{n}].volume" for n in (bad, bad, turned, bad)]
+    assert clean[0] == len(judged_first) - 1  # all judged but the bad one
+    assert clean[0] < clean[1] <= clean[2]  # the second listing judged other entries too
+
+
 # -- spec-coverage audit §5 and §6: each changed family, planted and legitimate ---------------
 
 

@@ -37,7 +37,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules import csi_responses
-from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation, list_length
+from plugproxy.rules.engine import (
+    CO,
+    MUST,
+    PLUGIN,
+    SHOULD,
+    Hooks,
+    Rule,
+    Violation,
+    list_length,
+    listed_entries,
+)
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest, map_digest
 from plugproxy.rules.state import CAPABILITY_TTL
 
@@ -50,6 +60,7 @@ if TYPE_CHECKING:
 # (§GetSnapshot): judged this long after CreateSnapshot returned the snapshot.
 SNAPSHOT_RECENT = 300.0
 ABORTED_TOKENS = 1024  # listing tokens remembered as refused (ABORTED)
+LISTED_MAX = 4096  # listed entries known by their bytes (a few pages' samples)
 MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest dropped)
 _STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
 _EXPAND_JUDGED = "csi_consistency.expand"  # the request was found out of order already
@@ -224,6 +235,10 @@ class ConsistencyState:
         self.deleted_groups: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
         # The topology key prefix the plugin last returned: (prefix, rpc, when).
         self.prefix: tuple[str, str, float] | None = None
+        # Hash of a listed entry's wire bytes -> (volume id, fingerprint of its context),
+        # for entries without topology: what those bytes say, read once however often
+        # a CO lists them. Bounded by count; the bytes decide, so nothing expires.
+        self.listed: dict[int, tuple[str, int]] = {}
 
     def volume(self, volume_id: str) -> _Volume:
         """The record of ``volume_id`` to update, made if need be; its TTL starts again."""
@@ -786,11 +801,23 @@ class ConsistencyChecks:
     ) -> Iterable[Violation]:
         mem = _mem(st)
         now = mem.clock()  # one answer: one time for all its entries
-        contexts = mem.contexts
+        contexts, listed = mem.contexts, mem.listed
         id_field, context_field = self.f.volume_id, self.f.volume_context
+        entries = resp.entries
+        # A sampled page: entries known by their bytes skip reading them (the same check).
+        raws = listed_entries(call, resp, "entries") or ()
         # Hundreds of entries a call: _plugin_context's work inline, names made on a finding.
-        for i, entry in enumerate(resp.entries):
-            vol = entry.volume  # unset: an empty Volume, without id, context or topology
+        for i in range(len(entries)):
+            key = hash(raws[i]) if raws else None
+            known = listed.get(key) if key is not None else None
+            if known is not None:
+                vid, fingerprint = known
+                if not vid:
+                    continue
+                prev = contexts.touch(vid)  # as below
+                if prev is not None and prev.fingerprint == fingerprint:
+                    continue
+            vol = entries[i].volume  # unset: an empty Volume, without id, context or topology
             topologies = vol.accessible_topology
             if topologies:
                 yield from _topology_prefixes(
@@ -803,9 +830,13 @@ class ConsistencyChecks:
                 )
             vid = getattr(vol, id_field)
             values = getattr(vol, context_field)
+            fingerprint = _fingerprint(values) if vid and values else 0
+            if key is not None and not topologies:
+                listed[key] = (vid if values else "", fingerprint)
+                if len(listed) > LISTED_MAX:
+                    del listed[next(iter(listed))]
             if not vid or not values:
                 continue
-            fingerprint = _fingerprint(values)
             prev = contexts.touch(vid)  # the same: kept as it came, for longer; else replaced
             if prev is not None and prev.fingerprint == fingerprint:
                 continue

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +185,19 @@ def list_length(call: Call, resp: Any, field_name: str) -> int:
     if judged is not None:
         return int(judged.count(field_name))
     return len(getattr(resp, field_name))
+
+
+def listed_entries(call: Call, resp: Any, field_name: str) -> Sequence[bytes] | None:
+    """The wire bytes of each entry of ``resp``'s top-level list, in its order, when the
+    list was sampled (``resp`` is the sample); None when the message was decoded whole."""
+    judged = call.stage_state.get(JUDGED_RESPONSE)
+    sample = judged.sample if judged is not None else None
+    if sample is None:
+        return None
+    raws: Sequence[bytes] | None = sample.raw.get(field_name)
+    if raws is None or len(raws) != len(getattr(resp, field_name)):
+        return None
+    return raws
 
 
 @dataclass(frozen=True)
@@ -783,6 +796,11 @@ def _topology_requirement_op(
                 )
 
     return check
+
+
+def checked_positions(n: int) -> range | list[int]:
+    """Which entries of a list of ``n`` the response checkers judge (RESPONSE_SAMPLE)."""
+    return _spread(n, RESPONSE_SAMPLE)
 
 
 def _spread(n: int, sample: int | None) -> range | list[int]:

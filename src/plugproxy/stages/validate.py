@@ -29,7 +29,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Container, Iterable
+from collections.abc import Awaitable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,6 +63,7 @@ from plugproxy.rules.engine import (
     ServiceNeeds,
     StateChange,
     Violation,
+    checked_positions,
     compile_table,
 )
 from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest
@@ -364,6 +365,10 @@ class _Plan:
     primary: str  # "<kind>:" of the object the call is about (plugproxy.keys); "": none
     pending_code: str | None  # the "operation pending" row's code
     backoff_codes: frozenset[str]  # codes whose row for this RPC says back off
+    # Hashes of the wire bytes of sampled list entries the response checker found clean.
+    # Its checks read nothing but the entry, so the same bytes listed again are not judged
+    # again: a CO polling an unchanged listing pays only for what changed.
+    clean_entries: dict[int, None]
 
 
 def _named(plan: _Plan, capabilities: Iterable[str]) -> str:
@@ -386,9 +391,46 @@ def status_details_count(value: bytes | str) -> int | None:
         return None
 
 
-def _real_index(violation: Violation, sample: Sample) -> Violation:
-    """Name the entry a violation found in a sampled list by its index in the real list."""
-    for name, indices in sample.indices.items():
+# Entries remembered clean per method: a few pages' samples, a few hundred KB at most.
+CLEAN_ENTRIES_MAX = 4_096
+
+
+def _check_sample(plan: _Plan, sample: Sample) -> list[Violation]:
+    """The response checker over a sampled message, skipping entries of its cut lists whose
+    bytes were found clean before; what it finds names entries by their real index."""
+    clean = plan.clean_entries
+    fresh = {
+        name: [p for p, raw in enumerate(raws) if hash(raw) not in clean]
+        for name, raws in sample.raw.items()
+    }
+    whole = all(len(fresh[name]) == len(raws) for name, raws in sample.raw.items())
+    found: list[Violation] = []
+    plan.response_checker(sample.message if whole else sample.subset(fresh), "", found)
+    for name, positions in fresh.items():
+        flagged = {_entry_position(v.field, name) for v in found}
+        raws = sample.raw[name]
+        for j in checked_positions(len(positions)):
+            if j not in flagged:
+                clean[hash(raws[positions[j]])] = None
+    while len(clean) > CLEAN_ENTRIES_MAX:
+        del clean[next(iter(clean))]
+    real = {name: [sample.indices[name][p] for p in positions] for name, positions in fresh.items()}
+    return [_real_index(v, real) for v in found]
+
+
+def _entry_position(field: str, name: str) -> int | None:
+    """The index in ``name[<index>]...``, the path of a violation in an entry of list ``name``."""
+    if field.startswith(name + "["):
+        position = field[len(name) + 1 :].partition("]")[0]
+        if position.isdigit():
+            return int(position)
+    return None
+
+
+def _real_index(violation: Violation, indices_of: Mapping[str, Sequence[int]]) -> Violation:
+    """Name the entry a violation found in a sampled list by its index in the real list
+    (``indices_of``: each cut list's real index of each entry of the judged message)."""
+    for name, indices in indices_of.items():
         prefix = name + "["
         if violation.field.startswith(prefix):
             position, bracket, rest = violation.field[len(prefix) :].partition("]")
@@ -511,6 +553,7 @@ class ValidateStage(Stage):
             if t.pending_rpcs is None or rpc in t.pending_rpcs
             else None,
             backoff_codes=frozenset(backoff),
+            clean_entries={},
         )
 
     def wants(self, method: MethodInfo) -> bool:
@@ -714,7 +757,8 @@ class ValidateStage(Stage):
             self._record(plan, call, (Violation(plan.malformed, "", error, PLUGIN),), PLUGIN)
             return
         out: list[Violation] = []
-        if plan.response_checker is not None:
+        sample = message.sample
+        if plan.response_checker is not None and sample is None:
             plan.response_checker(resp, "", out)
         if plan.capability_kind is not None:
             plan.state.set_capabilities(plan.capability_kind, capability_names(resp))
@@ -727,10 +771,11 @@ class ValidateStage(Stage):
                         out.extend(check(plan.spec, plan.state, call, req, resp))
                 finally:
                     del call.stage_state[JUDGED_RESPONSE]
+        if sample is not None:
+            out = [_real_index(v, sample.indices) for v in out]
+            if plan.response_checker is not None:
+                out[:0] = _check_sample(plan, sample)
         if out:
-            sample = message.sample
-            if sample is not None:
-                out = [_real_index(v, sample) for v in out]
             self._record(plan, call, out, PLUGIN)
 
     def on_finish(self, call: Call) -> None:
