@@ -286,6 +286,35 @@ def test_capped_render_stops_early_and_says_where():
     assert len(ALL.render(msg)["entries"]) == 10_000  # uncapped renders everything
 
 
+def test_sampled_entries_rendered_before_render_the_same_at_every_budget():
+    """Entries of a sampled list are rendered once and then known by their wire bytes
+    (Redactor._entries): every later render, cut or whole, is what a fresh renderer makes,
+    and an entry whose bytes changed is rendered anew."""
+    msg = _big_list(10_000)
+    msg.entries[5].volume.volume_context["token"] = "v1"
+    for entry in msg.entries:
+        entry.volume.volume_context["pool"] = "gold"
+    raw = msg.SerializeToString()
+    cls = type(msg)
+    Registry(["csi.v1"])  # prepares the sampling skeletons, as a proxy does at startup
+    warmed = Redactor([CSI1])  # not for_specs(): that one is shared
+    sample = LazyMessage(raw, cls).sample
+    assert sample is not None
+    warmed.render(sample.message, 64 * 1024, sample)
+    assert len(warmed._entries) == 256  # the whole sample fitted
+    cold = Redactor([CSI1])
+    for budget in (*range(40, 1500), 4096, 16 * 1024, 64 * 1024):  # every cut in the head
+        cold._entries.clear()
+        fresh = cold.render(sample.message, budget, sample)
+        assert warmed.render(sample.message, budget, sample) == fresh, budget
+    msg.entries[5].volume.volume_context["token"] = "v2"
+    changed = LazyMessage(msg.SerializeToString(), cls).sample
+    assert changed is not None
+    again = warmed.render(changed.message, 4096, changed)
+    assert again["entries"][5]["volume"]["volume_context"]["token"] == "v2"
+    assert again == Redactor([CSI1]).render(changed.message, 4096, changed)
+
+
 def test_a_long_string_is_cut_visibly():
     msg = CSI1.message_class("csi.v1.NodeUnpublishVolumeRequest")(
         volume_id="v", target_path="/x" * 500

@@ -40,7 +40,7 @@ import argparse
 import base64
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -220,6 +220,7 @@ class _Budget:
 
 
 _UNLIMITED = math.inf
+RENDERED_ENTRIES_MAX = 256  # entries of sampled lists remembered rendered: a few pages' heads
 _INT64_TYPES = frozenset(
     {
         FieldDescriptor.TYPE_INT64,
@@ -254,6 +255,11 @@ class Redactor:
             _, desc, fd = _resolve_path(path, sets)
             self._masked.add((desc.full_name, fd.name))
         self._plans: dict[str, Plan] = {}
+        # (list field, hash of an entry's wire bytes) -> (the entry rendered, bytes of budget
+        # it took), for the entries of sampled lists: a page listed again renders its head
+        # from here. A render depends on the bytes and the plans alone; callers never
+        # change a render (scrub makes a new one).
+        self._entries: dict[tuple[str, int], tuple[Any, int]] = {}
         # A message of a spec exists only once its descriptors are read, and by then its
         # plans are made: the renderers never find a spec unplanned.
         for spec in self.specs:
@@ -340,8 +346,12 @@ class Redactor:
         """
         budget = _Budget(_UNLIMITED if max_bytes is None else max_bytes)
         out: dict[str, Any] = {}
+        plan = self._plans.get(message.DESCRIPTOR.full_name)
         try:
-            self._fill(out, message, self._plans.get(message.DESCRIPTOR.full_name), budget)
+            if sample is not None and message is sample.message:
+                self._fill(out, message, plan, budget, sample.raw)
+            else:
+                self._fill(out, message, plan, budget)
         except _Full as full:
             if sample is not None and len(full.where) >= 2 and full.where[-1] in sample.totals:
                 name = full.where[-1]
@@ -354,8 +364,14 @@ class Redactor:
         return out
 
     def _fill(
-        self, out: dict[str, Any], message: Message, plan: Plan | None, budget: _Budget
+        self,
+        out: dict[str, Any],
+        message: Message,
+        plan: Plan | None,
+        budget: _Budget,
+        raws: Mapping[str, Sequence[bytes]] | None = None,
     ) -> None:
+        """``raws``: the wire bytes of each entry of some lists of ``message`` (a sample's)."""
         for fd, value in message.ListFields():
             name = fd.name
             action = plan.fields.get(name) if plan is not None else None
@@ -373,7 +389,10 @@ class Redactor:
                     items: list[Any] = []
                     out[name] = items
                     budget.spend(2)
-                    self._fill_list(items, fd, value, action, budget)
+                    if raws is not None and name in raws:
+                        self._fill_entries(items, fd, value, action, budget, raws[name])
+                    else:
+                        self._fill_list(items, fd, value, action, budget)
                 elif fd.message_type is not None:
                     self._put(out, name, value, action, budget)
                 else:
@@ -423,12 +442,7 @@ class Redactor:
             try:
                 budget.spend(1)
                 if is_message:
-                    holder: dict[str, Any] = {}
-                    try:
-                        self._put(holder, "", item, plan, budget)
-                    finally:
-                        if "" in holder:
-                            out.append(holder[""])
+                    self._append(out, item, plan, budget)
                 else:
                     out.append(_scalar(fd, item, budget))
             except _Full as full:
@@ -437,6 +451,50 @@ class Redactor:
                     full.partial = None
                 full.where.append(f"[{index} of {len(value)}]")
                 raise
+
+    def _append(self, out: list[Any], item: Message, plan: Any, budget: _Budget) -> Any:
+        """Render ``item`` onto ``out``; a render cut by the budget is appended as far as it
+        went before _Full goes on up."""
+        holder: dict[str, Any] = {}
+        try:
+            self._put(holder, "", item, plan, budget)
+        finally:
+            if "" in holder:
+                out.append(holder[""])
+        return holder[""]
+
+    def _fill_entries(
+        self,
+        out: list[Any],
+        fd: FieldDescriptor,
+        value: Any,
+        plan: Any,
+        budget: _Budget,
+        raws: Sequence[bytes],
+    ) -> None:
+        """:meth:`_fill_list` for a list of messages whose wire bytes are known: an entry
+        rendered before is taken as it was, with the same budget spent, when it fits whole
+        (a spend never goes below zero then); otherwise it is rendered, and cut as before."""
+        known = self._entries
+        field = fd.full_name
+        for index, item in enumerate(value):
+            key = (field, hash(raws[index]))
+            seen = known.get(key)
+            if seen is not None and budget.left - 1 - seen[1] >= 0:
+                budget.left -= 1 + seen[1]
+                out.append(seen[0])
+                continue
+            try:
+                budget.spend(1)
+                before = budget.left
+                rendered = self._append(out, item, plan, budget)
+            except _Full as full:
+                full.where.append(f"[{index} of {len(value)}]")
+                raise
+            if before != _UNLIMITED:  # an unlimited render does not count what it spends
+                known[key] = (rendered, int(before - budget.left))
+                if len(known) > RENDERED_ENTRIES_MAX:
+                    del known[next(iter(known))]
 
     def render_call(
         self,
