@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
 from google.protobuf.internal import api_implementation
 
+from plugproxy.api import Call, LazyMessage, Runtime
+from plugproxy.log import Logger
 from plugproxy.registry import Registry
 from plugproxy.rules import annotated
 from plugproxy.rules.engine import CO, compile_table
+from plugproxy.sampling import SAMPLE_MIN_BYTES
+from plugproxy.stages.validate import ValidateStage
 from tests.support import VAULT, build_descriptor_set, vault_descriptor_set
 
 EXPECTED = {
@@ -89,3 +94,56 @@ def test_a_set_without_the_annotation_has_no_required_fields(tmp_path):
     assert spec.field_options_class is None  # descriptor.proto is not even in the set
     assert annotated.required_fields(spec) == {}
     assert spec.is_secret_field(spec.descriptor("plain.v1.X").fields_by_name["a"])
+
+
+SHELF_PROTO = """
+syntax = "proto3";
+package acme.shelf.v1;
+
+import "google/api/field_behavior.proto";
+
+service Shelf {
+  rpc ListBooks(ListBooksRequest) returns (ListBooksResponse);
+}
+
+message ListBooksRequest {}
+
+message Book {
+  string title = 1 [(google.api.field_behavior) = REQUIRED];
+  string blurb = 2;
+}
+
+message ListBooksResponse {
+  repeated Book books = 1 [(google.api.field_behavior) = REQUIRED];
+}
+"""
+
+
+def test_a_required_list_judged_again_from_known_entries_is_not_found_empty(tmp_path):
+    """A long page listed again is judged only on entries not found clean before; the
+    REQUIRED list itself is still seen holding entries, and a bad entry still reported."""
+    registry = Registry(
+        [], [build_descriptor_set(tmp_path, {"acme/shelf/v1/shelf.proto": SHELF_PROTO})]
+    )
+    runtime = Runtime(registry=registry, upstream=None, logger=Logger(io.StringIO()), metrics=None)
+    stage = ValidateStage(runtime, "audit", {})
+    info = registry.lookup("/acme.shelf.v1.Shelf/ListBooks")
+
+    def judged(titles: list[str]) -> list[str]:
+        page = info.response_class()
+        for title in titles:
+            page.books.add(title=title, blurb="b" * 60)
+        response = LazyMessage(page.SerializeToString(), info.response_class)
+        assert len(response.raw) >= SAMPLE_MIN_BYTES and response.sample is not None
+        call = Call(info, (), [], None)
+        call.request = LazyMessage(b"", info.request_class)
+        assert stage.on_start(call) is None
+        call.response = response
+        stage.on_response(call, response)
+        stage.on_finish(call)
+        return [str(e.attributes["field"]) for e in call.events if e.name == "violation"]
+
+    titles = [f"book {i}" for i in range(2_000)]
+    # By the third listing every sampled entry is known clean.
+    assert [judged(titles) for _ in range(4)] == [[]] * 4
+    assert judged([*titles[:-1], ""]) == ["books[1999].title"]

@@ -399,8 +399,10 @@ def _check_sample(plan: _Plan, sample: Sample) -> list[Violation]:
     """The response checker over a sampled message, skipping entries of its cut lists whose
     bytes were found clean before; what it finds names entries by their real index."""
     clean = plan.clean_entries
+    # A list keeps one entry at least, known or not: a check of the list itself (a REQUIRED
+    # list must not be empty) sees what the sample showed it.
     fresh = {
-        name: [p for p, raw in enumerate(raws) if hash(raw) not in clean]
+        name: [p for p, raw in enumerate(raws) if hash(raw) not in clean] or [0]
         for name, raws in sample.raw.items()
     }
     whole = all(len(fresh[name]) == len(raws) for name, raws in sample.raw.items())
