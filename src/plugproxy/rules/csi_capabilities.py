@@ -16,7 +16,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.csi_common import capability_names
-from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, CompiledSpec, Hooks, Rule, Violation
+from plugproxy.rules.engine import (
+    CO,
+    MUST,
+    PLUGIN,
+    SHOULD,
+    CompiledSpec,
+    Hooks,
+    Rule,
+    Violation,
+    listed_entries,
+)
 from plugproxy.rules.memory import ago
 
 if TYPE_CHECKING:
@@ -197,6 +207,14 @@ def _group_get_snapshot(cs: CompiledSpec, st: SpecState, rpc: str) -> Iterable[V
         )
 
 
+def _facts(entry: Any, v1: bool) -> tuple[bool, bool]:
+    return bool(entry.volume.accessible_topology), v1 and entry.HasField("status")
+
+
+# Listed entries whose facts are remembered (a few pages' samples).
+LISTED_MAX = 4096
+
+
 class CapabilityMemory:
     """What this family remembers on one socket: GetPluginCapabilities answers attributed to
     a vendor_version, and when the socket last served a controller RPC. A few fields only,
@@ -212,6 +230,28 @@ class CapabilityMemory:
         # sets answered since the last GetPluginInfo -> when first answered
         self.pending: dict[frozenset[str], float] = {}
         self.controller_at: float | None = None
+        # Hash of a listed entry's wire bytes -> (it has accessible_topology, it has status):
+        # a page listed again is not read entry by entry for them. The bytes decide.
+        self.listed: dict[int, tuple[bool, bool]] = {}
+
+    def listed_facts(self, call: Call, resp: Any, v1: bool) -> list[tuple[bool, bool]]:
+        """(has accessible_topology, has status) of each ListVolumes entry in ``resp``; CSI
+        v0's entries have no status (False)."""
+        entries = resp.entries
+        raws = listed_entries(call, resp, "entries")
+        if raws is None:
+            return [_facts(e, v1) for e in entries]
+        known = self.listed
+        facts = []
+        for i, raw in enumerate(raws):
+            key = hash(raw)
+            fact = known.get(key)
+            if fact is None:
+                fact = known[key] = _facts(entries[i], v1)
+                if len(known) > LISTED_MAX:
+                    del known[next(iter(known))]
+            facts.append(fact)
+        return facts
 
     def serves_controller(self) -> bool:
         at = self.controller_at
@@ -430,9 +470,11 @@ class _Checks:
         entries = resp.entries
         if not entries:
             return
+        facts: list[tuple[bool, bool]] | None = None
         plugin = st.known_capabilities("plugin")
         if plugin is not None and self.topology_capability not in plugin:
-            found = [i for i, e in enumerate(entries) if e.volume.accessible_topology]
+            facts = st.part(CapabilityMemory).listed_facts(call, resp, self.v1)
+            found = [i for i, (topology, _) in enumerate(facts) if topology]
             if found:
                 where = f"entries[{found[0]}].volume.accessible_topology"
                 first = entries[found[0]].volume.accessible_topology
@@ -451,7 +493,9 @@ class _Checks:
         needs_condition = "VOLUME_CONDITION" in controller
         if not (needs_status or needs_condition):
             return
-        no_status = [i for i, e in enumerate(entries) if not e.HasField("status")]
+        if facts is None:
+            facts = st.part(CapabilityMemory).listed_facts(call, resp, self.v1)
+        no_status = [i for i, (_, status) in enumerate(facts) if not status]
         if no_status:
             why = " and ".join(
                 name
