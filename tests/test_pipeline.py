@@ -149,6 +149,55 @@ async def test_fail_closed_stage_blocks_fail_open_stage_does_not(plugin_and_path
     assert len(plugin.seen) == 1  # only the fail-open run reached the plugin
 
 
+class BrokenObserver(Stage):
+    name = "observer"
+    fail_open = False  # observers fail open whatever the stage says
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_start(self, call: Call) -> None:
+        self.seen.append("start")
+
+    def on_response(self, call: Call, message: LazyMessage) -> None:
+        raise RuntimeError("secret-in-response")
+
+    def on_finish(self, call: Call) -> None:
+        self.seen.append("finish")
+        raise KeyError("secret-in-finish")
+
+
+class Watching(Stage):
+    name = "watching"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_response(self, call: Call, message: LazyMessage) -> None:
+        self.seen.append("response")
+
+    def on_finish(self, call: Call) -> None:
+        self.seen.append("finish")
+
+
+def test_response_and_finish_hooks_that_raise_are_logged_and_the_call_goes_on():
+    out = io.StringIO()
+    method = Registry(["csi.v1"]).lookup(INFO)
+    first, broken, last = Watching(), BrokenObserver(), Watching()
+    chain = compile_chain([first, broken, last], method, Logger(out))
+    assert chain is not None
+    call = Call(method, (), [], None)
+    assert chain.begin(call) is None
+    chain.run_response(call, LazyMessage(b"", method.response_class))
+    chain.run_finish(call)  # in reverse: last, broken, first
+    assert broken.seen == ["start", "finish"]
+    assert first.seen == last.seen == ["response", "finish"]
+    lines = out.getvalue()
+    assert '"hook":"on_response"' in lines and '"hook":"on_finish"' in lines
+    assert '"error":"RuntimeError"' in lines and '"error":"KeyError"' in lines
+    assert "secret-in" not in lines
+
+
 def test_stage_that_wants_nothing_is_not_compiled_in():
     method = Registry(["csi.v1"]).lookup(INFO)
     assert compile_chain([NotInterested()], method, Logger(io.StringIO())) is None

@@ -52,13 +52,18 @@ FinishFn = Callable[[Call], None]
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    """The hooks of the stages that take part in one method's calls."""
+    """The hooks of the stages that take part in one method's calls.
+
+    Start and request hooks are wrapped with their stage's failure mode. Response and finish
+    hooks always fail open, so they are kept bare, with their stage's name, and the chain's
+    own loop catches what they raise: no wrapper call per hook on every call."""
 
     names: tuple[str, ...]
     start: tuple[StartFn | None, ...]
     request: tuple[MessageFn, ...]
-    response: tuple[MessageFn, ...]
-    finish: tuple[FinishFn | None, ...]
+    response: tuple[tuple[str, MessageFn], ...]
+    finish: tuple[tuple[str, FinishFn] | None, ...]
+    logger: Logger
 
     def begin(self, call: Call) -> Awaitable[None] | None:
         """Run on_start hooks in order until one has to wait.
@@ -96,14 +101,26 @@ class Chain:
             hook(call, message)
 
     def run_response(self, call: Call, message: LazyMessage) -> None:
-        for hook in self.response:
-            hook(call, message)
+        for name, hook in self.response:
+            try:
+                hook(call, message)
+            except Exception as exc:
+                self._observer_failed(name, "on_response", exc)
 
     def run_finish(self, call: Call) -> None:
+        finish = self.finish
         for index in range(call.started_stages - 1, -1, -1):
-            hook = self.finish[index]
-            if hook is not None:
-                hook(call)
+            entry = finish[index]
+            if entry is not None:
+                try:
+                    entry[1](call)
+                except Exception as exc:
+                    self._observer_failed(entry[0], "on_finish", exc)
+
+    def _observer_failed(self, stage: str, hook: str, exc: Exception) -> None:
+        # Response and finish hooks never block or alter what the plugin said. Type and
+        # place only: an exception's text may quote message contents.
+        self.logger.error("stage failed", stage=stage, hook=hook, error=type(exc).__name__)
 
 
 def _guard_start(stage: Stage, hook: Any, logger: Logger) -> StartFn:
@@ -156,18 +173,6 @@ def _guard_request(stage: Stage, hook: MessageFn, logger: Logger) -> MessageFn:
     return guarded
 
 
-def _guard_observer(stage: Stage, hook: Any, hook_name: str, logger: Logger) -> Any:
-    """Response and finish hooks never block or alter what the plugin said: always fail open."""
-
-    def guarded(*args: Any) -> None:
-        try:
-            hook(*args)
-        except Exception as exc:
-            logger.error("stage failed", stage=stage.name, hook=hook_name, error=type(exc).__name__)
-
-    return guarded
-
-
 def compile_chain(stages: Sequence[Stage], method: MethodInfo, logger: Logger) -> Chain | None:
     """The chain for ``method``, or None when no stage takes part (pure passthrough)."""
     taking_part = [s for s in stages if s.wants(method)]
@@ -175,21 +180,22 @@ def compile_chain(stages: Sequence[Stage], method: MethodInfo, logger: Logger) -
         return None
     start: list[StartFn | None] = []
     request: list[MessageFn] = []
-    response: list[MessageFn] = []
-    finish: list[FinishFn | None] = []
+    response: list[tuple[str, MessageFn]] = []
+    finish: list[tuple[str, FinishFn] | None] = []
     for stage in taking_part:
         on_start = getattr(stage, "on_start", None)
         start.append(_guard_start(stage, on_start, logger) if on_start else None)
         if (on_request := getattr(stage, "on_request", None)) is not None:
             request.append(_guard_request(stage, on_request, logger))
         if (on_response := getattr(stage, "on_response", None)) is not None:
-            response.append(_guard_observer(stage, on_response, "on_response", logger))
+            response.append((stage.name, on_response))
         on_finish = getattr(stage, "on_finish", None)
-        finish.append(_guard_observer(stage, on_finish, "on_finish", logger) if on_finish else None)
+        finish.append((stage.name, on_finish) if on_finish else None)
     return Chain(
         names=tuple(s.name for s in taking_part),
         start=tuple(start),
         request=tuple(request),
         response=tuple(response),
         finish=tuple(finish),
+        logger=logger,
     )
