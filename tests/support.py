@@ -184,7 +184,9 @@ async def start_proxy(
 
 @contextlib.asynccontextmanager
 async def channel(path: str) -> AsyncIterator[grpc.aio.Channel]:
-    ch = grpc.aio.insecure_channel(f"unix:{path}")
+    # A pool of its own: grpc's global pool can hand a new channel the connection of one
+    # just closed, to a proxy just stopped on the same path (a first call then fails).
+    ch = grpc.aio.insecure_channel(f"unix:{path}", options=[("grpc.use_local_subchannel_pool", 1)])
     try:
         yield ch
     finally:
