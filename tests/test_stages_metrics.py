@@ -315,6 +315,40 @@ async def test_stream_messages_are_counted_per_direction(plugin):
     )
 
 
+async def test_a_stream_is_counted_while_it_flows(plugin):
+    """A stream that lasts (ListAndWatch lasts as long as the plugin) counts its messages
+    as they pass, not only when it ends."""
+    scripted, upstream, listen = plugin
+    scripted.answer(INFO, info_response())
+    cls = CSI.message_class("csi.v1.GetMetadataAllocatedResponse")
+    release = asyncio.Event()
+
+    async def three_then_wait(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield cls(volume_capacity_bytes=i + 1).SerializeToString()
+        await release.wait()
+        yield cls(volume_capacity_bytes=4).SerializeToString()
+
+    scripted.streams[ALLOCATED] = three_then_wait
+    proxy, _ = await start_metrics_proxy(listen, upstream, *ADMIN)
+    name = "plugproxy_rpc_stream_messages_total"
+    request = CSI.message_class("csi.v1.GetMetadataAllocatedRequest")(snapshot_id="s1")
+    try:
+        async with channel(listen) as ch:
+            stream = ch.unary_stream(ALLOCATED)(request.SerializeToString())
+            for _ in range(3):
+                await stream.read()
+            during = await scrape(proxy)
+            release.set()
+            assert await stream.read() is not grpc.aio.EOF
+            assert await stream.read() is grpc.aio.EOF
+        after = await scrape(proxy)
+    finally:
+        await proxy.stop(0)
+    assert value(during, name, method=ALLOCATED, direction="response") == 3
+    assert value(after, name, method=ALLOCATED, direction="response") == 4
+
+
 async def test_upstream_up_follows_the_plugin(tmp_path):
     upstream = str(tmp_path / "plugin.sock")
     listen = str(tmp_path / "proxy.sock")

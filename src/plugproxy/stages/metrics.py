@@ -188,6 +188,8 @@ class _MethodMetrics:
         "requests",
         "responses",
         "spec",
+        "streaming",
+        "streams",
     )
 
     def __init__(self, info: MethodInfo, label: str) -> None:
@@ -199,9 +201,21 @@ class _MethodMetrics:
         self.inflight = 0
         # status code -> (plugproxy_rpc_duration_seconds, csi_sidecar_operations_seconds)
         self.by_code: dict[StatusCode, tuple[_Histogram, _Histogram | None]] = {}
-        # Stream message counts, only for the streaming sides (None: a unary side).
+        # Stream message counts of the calls ended, only for the streaming sides (None: a
+        # unary side); the calls still streaming are counted at scrape time, from here, so
+        # a stream that lasts days (ListAndWatch) is counted while it flows.
         self.requests: int | None = None if info.kind.unary_request else 0
         self.responses: int | None = None if info.kind.unary_response else 0
+        self.streaming = self.requests is not None or self.responses is not None
+        self.streams: set[Call] = set()
+
+    def request_messages(self) -> int:
+        assert self.requests is not None
+        return self.requests + sum(call.request_count for call in list(self.streams))
+
+    def response_messages(self) -> int:
+        assert self.responses is not None
+        return self.responses + sum(call.response_count for call in list(self.streams))
 
 
 class CallMetrics:
@@ -241,9 +255,9 @@ class CallMetrics:
         for state in list(stage.methods.values()):
             inflight.add_metric([state.label], state.inflight)
             if state.requests is not None:
-                streamed.add_metric([state.label, "request"], state.requests)
+                streamed.add_metric([state.label, "request"], state.request_messages())
             if state.responses is not None:
-                streamed.add_metric([state.label, "response"], state.responses)
+                streamed.add_metric([state.label, "response"], state.response_messages())
             for code, (series, _) in list(state.by_code.items()):
                 duration.add_metric(
                     [state.spec, state.label, code.name],
@@ -323,11 +337,16 @@ class MetricsStage(Stage):
     # -- hooks --------------------------------------------------------------------------------
 
     def on_start(self, call: Call) -> None:
-        self._method(call.method).inflight += 1
+        state = self._method(call.method)
+        state.inflight += 1
+        if state.streaming:
+            state.streams.add(call)
 
     def on_finish(self, call: Call) -> None:
         state = self._method(call.method)
         state.inflight -= 1
+        if state.streaming:
+            state.streams.discard(call)
         code = call.code
         # GetPluginInfo names the driver: learnt before its own call is counted, so the
         # first call is not the one series left with driver_name="unknown-driver".
