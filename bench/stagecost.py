@@ -34,6 +34,7 @@ import run  # noqa: E402
 from plugproxy import pipeline, serve  # noqa: E402
 from plugproxy.api import Call, LazyMessage  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
+from plugproxy.stages.tracing_env import environment  # noqa: E402
 
 # The stages run.py --features prices, minus serialization: GetPluginInfo has no key, so
 # that stage is not in its chain. Flags and environment are run.py's own.
@@ -52,9 +53,7 @@ METHODS: dict[str, tuple[str, Callable[[], bytes], int]] = {
 async def cost(stage: str, calls: int, log: Path, method_name: str = "plugin-info") -> float:
     """Microseconds of process CPU per call (all threads: exporters included)."""
     added, dropped, env = STAGES[stage]
-    saved = {key: os.environ.get(key) for key in (*env, "OTEL_TRACES_EXPORTER")}
-    os.environ.update({"OTEL_TRACES_EXPORTER": "none", **env})
-    try:
+    with environment({"OTEL_TRACES_EXPORTER": "none", **env}):
         passthrough = run.serve_flags("passthrough", log)
         argv = [f for f in passthrough if f not in dropped] + ["--admin-listen", "off", *added]
         endpoints = ["--listen", "unix:///nonexistent/in.sock"]
@@ -95,12 +94,6 @@ async def cost(stage: str, calls: int, log: Path, method_name: str = "plugin-inf
             for each in server.stages:  # flush exporters: their work is part of the cost
                 await each.shutdown()
             return (time.process_time() - start) / calls * 1e6
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
@@ -33,6 +32,7 @@ from plugproxy.api import Stage
 from plugproxy.fakes import otel
 from plugproxy.fakes.collector import CollectorHandle, TraceSpan, start_collector, trace_tree
 from plugproxy.registry import Registry
+from plugproxy.stages.tracing_env import environment
 
 CO_SERVICE = "co"
 PROXY_SERVICE = "plugproxy"
@@ -75,18 +75,8 @@ class TracedDemo:
             "OTEL_SERVICE_NAME": PROXY_SERVICE,
             "OTEL_TRACES_SAMPLER": "parentbased_always_on",
         }
-        saved = {key: os.environ.get(key) for key in (*wanted, *_DROPPED)}
-        for key in _DROPPED:
-            os.environ.pop(key, None)
-        os.environ.update(wanted)
-        try:
+        with environment(wanted, _DROPPED):
             yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
     async def show(
         self,

@@ -8,8 +8,9 @@ configured never loads it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from plugproxy.api import Runtime, Stage
 from plugproxy.options import Option
@@ -32,3 +33,23 @@ def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     from plugproxy.stages import tracing  # noqa: PLC0415  # the SDK, only when tracing is on
 
     return tracing.build(ns, runtime)
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str], dropped: Iterable[str] = ()) -> Iterator[None]:
+    """``values`` set and ``dropped`` unset in os.environ for the block, then all as before:
+    the tracing stage reads its configuration there, as the SDK does (the demo and the
+    benchmarks build stages with tracing on in a process that has its own environment)."""
+    gone = tuple(dropped)
+    saved = {key: os.environ.get(key) for key in (*values, *gone)}
+    for key in gone:
+        os.environ.pop(key, None)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
