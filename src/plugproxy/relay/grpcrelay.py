@@ -262,18 +262,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             raise
         finally:
             chain.run_finish(call)
-        if call.code is not StatusCode.OK:
-            await self._abort(
-                context,
-                relay,
-                call.code,
-                call.details,
-                call.initial_metadata,
-                call.trailing_metadata,
-            )
-        await relay.send_headers(context, call.initial_metadata)
-        if call.trailing_metadata:
-            context.set_trailing_metadata(call.trailing_metadata)
+        await self._end_stream(context, relay, call)
         return response
 
     # -- unary → stream ---------------------------------------------------------------------
@@ -320,6 +309,8 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         await self._end_stream(context, relay, call)
 
     async def _end_stream(self, context: ServicerContext, relay: _Relay, call: Call) -> None:
+        """The call's status to the CO: an abort with the plugin's or a stage's status, or
+        the plugin's headers and trailers."""
         if call.code is not StatusCode.OK:
             await self._abort(
                 context,
