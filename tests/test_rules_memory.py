@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugproxy.rules.memory import ExpiringMap, ago, map_digest
+from plugproxy.rules.memory import ExpiringMap, ago, map_digest, remember
 
 
 class Clock:
@@ -122,3 +122,12 @@ def test_digests_and_ages_used_in_messages():
     assert map_digest({"a": "1", "b": "2"}) == map_digest({"b": "2", "a": "1"})
     assert map_digest({"a": "12"}) != map_digest({"a1": "2"})
     assert [ago(s) for s in (0.5, 12, 300, 9000)] == ["just before", "12s ago", "5m ago", "2h ago"]
+
+
+def test_remember_keeps_a_plain_dict_to_its_limit_dropping_the_oldest_set():
+    table: dict[str, int] = {}
+    for n, key in enumerate("abcd"):
+        remember(table, key, n, 3)
+    assert table == {"b": 1, "c": 2, "d": 3}
+    remember(table, "c", 9, 3)  # an update keeps its place and drops nothing
+    assert list(table.items()) == [("b", 1), ("c", 9), ("d", 3)]

@@ -50,6 +50,7 @@ from plugproxy.api import Call, SpecInfo
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import Option
 from plugproxy.registry import SPEC_NAMES, load_spec, spec_package
+from plugproxy.rules.memory import remember
 from plugproxy.sampling import Sample
 
 MASK = "***"
@@ -492,9 +493,7 @@ class Redactor:
                 full.where.append(f"[{index} of {len(value)}]")
                 raise
             if before != _UNLIMITED:  # an unlimited render does not count what it spends
-                known[key] = (rendered, int(before - budget.left))
-                if len(known) > RENDERED_ENTRIES_MAX:
-                    del known[next(iter(known))]
+                remember(known, key, (rendered, int(before - budget.left)), RENDERED_ENTRIES_MAX)
 
     def render_call(
         self,

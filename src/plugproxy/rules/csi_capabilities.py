@@ -27,7 +27,7 @@ from plugproxy.rules.engine import (
     Violation,
     listed_entries,
 )
-from plugproxy.rules.memory import ago
+from plugproxy.rules.memory import ago, remember
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -247,9 +247,8 @@ class CapabilityMemory:
             key = hash(raw)
             fact = known.get(key)
             if fact is None:
-                fact = known[key] = _facts(entries[i], v1)
-                if len(known) > LISTED_MAX:
-                    del known[next(iter(known))]
+                fact = _facts(entries[i], v1)
+                remember(known, key, fact, LISTED_MAX)
             facts.append(fact)
         return facts
 

@@ -48,7 +48,7 @@ from plugproxy.rules.engine import (
     list_length,
     listed_entries,
 )
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest, map_digest
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest, map_digest, remember
 from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:
@@ -832,9 +832,7 @@ class ConsistencyChecks:
             values = getattr(vol, context_field)
             fingerprint = _fingerprint(values) if vid and values else 0
             if key is not None and not topologies:
-                listed[key] = (vid if values else "", fingerprint)
-                if len(listed) > LISTED_MAX:
-                    del listed[next(iter(listed))]
+                remember(listed, key, (vid if values else "", fingerprint), LISTED_MAX)
             if not vid or not values:
                 continue
             prev = contexts.touch(vid)  # the same: kept as it came, for longer; else replaced

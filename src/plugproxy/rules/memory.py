@@ -60,6 +60,15 @@ def ago(seconds: float) -> str:
     return f"{s // 3600}h ago"
 
 
+def remember(table: dict[K, V], key: K, value: V, limit: int) -> None:
+    """Set ``key`` in a plain dict kept to ``limit`` entries, the oldest set dropped first:
+    for memories whose values depend only on their key (an entry's bytes), so nothing
+    expires and no ExpiringMap is needed."""
+    table[key] = value
+    if len(table) > limit:
+        del table[next(iter(table))]
+
+
 _MISSING: Any = object()
 
 

@@ -66,7 +66,7 @@ from plugproxy.rules.engine import (
     checked_positions,
     compile_table,
 )
-from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest
+from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest, remember
 from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
 
@@ -413,9 +413,7 @@ def _check_sample(plan: _Plan, sample: Sample) -> list[Violation]:
         raws = sample.raw[name]
         for j in checked_positions(len(positions)):
             if j not in flagged:
-                clean[hash(raws[positions[j]])] = None
-    while len(clean) > CLEAN_ENTRIES_MAX:
-        del clean[next(iter(clean))]
+                remember(clean, hash(raws[positions[j]]), None, CLEAN_ENTRIES_MAX)
     real = {name: [sample.indices[name][p] for p in positions] for name, positions in fresh.items()}
     return [_real_index(v, real) for v in found]
 
