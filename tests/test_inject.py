@@ -67,6 +67,8 @@ IDENTITY = {
     "kustomize-built.yaml": (0, DAC, False),
 }
 LEGACY = FIXTURES / "earlier" / "csi-node-env.wrapped.yaml"  # injected with a umask wrapper
+# Injected when the init container ran `/bin/sh -c "mkdir ... && chown ... && chmod ..."`.
+LEGACY_PREPARE = FIXTURES / "earlier" / "csi-node-nonroot.shell-prepare.yaml"
 
 
 def run(
@@ -241,7 +243,9 @@ def test_a_non_root_proxy_gets_the_host_directory_first(
     volume, _ = where(pod.container("plugproxy"), "/run/csi/csi.sock")
     (prepare,) = pod.spec["initContainers"]
     assert prepare["volumeMounts"][0] == {"name": volume, "mountPath": "/run/csi"}
-    assert "chown 0:65532 /run/csi && chmod 0770 /run/csi" in prepare["command"][-1]
+    # plugproxy's own subcommand: the image has no shell.
+    assert "command" not in prepare
+    assert prepare["args"] == ["prepare-dir", "/run/csi", "--owner=0:65532", "--mode=0770"]
     assert prepare["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
 
 
@@ -357,6 +361,16 @@ def test_a_manifest_injected_with_the_umask_wrapper_still_removes_cleanly(
     assert out == (FIXTURES / "csi-node-env.yaml").read_text(encoding="utf-8")
 
 
+def test_a_manifest_injected_with_a_shell_init_container_still_removes_cleanly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = LEGACY_PREPARE.read_text(encoding="utf-8")
+    assert "- /bin/sh" in text and "name: plugproxy-prepare-socket-dir" in text
+    code, out, err = run(capsys, "--remove", "-", stdin=text)
+    assert code == 0, err
+    assert out == (FIXTURES / "csi-node-nonroot.yaml").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("name", INJECTABLE)
 def test_proxy_container_probes_ports_grace_and_security(
     name: str, capsys: pytest.CaptureFixture[str]
@@ -372,19 +386,34 @@ def test_proxy_container_probes_ports_grace_and_security(
         ns = serve.parse_args(proxy["args"][1:], environ={})
         serve.check_settings(ns)
         port = int(flags["--admin-listen"].rpartition(":")[2])
-        assert flags["--admin-listen"].startswith("0.0.0.0:")
+        # On hostNetwork the admin stays on the node's loopback, where kubelet probes it.
+        host_network = pod.spec.get("hostNetwork", False)
+        bind = "127.0.0.1" if host_network else "0.0.0.0"
+        assert flags["--admin-listen"] == f"{bind}:{port}"
         assert proxy["ports"] == [
             {"name": "plugproxy-admin", "containerPort": port, "protocol": "TCP"}
         ]
-        assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "plugproxy-admin"}
-        assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "plugproxy-admin"}
+        host = {"host": "127.0.0.1"} if host_network else {}
+        assert proxy["livenessProbe"]["httpGet"] == {
+            **host,
+            "path": "/healthz",
+            "port": "plugproxy-admin",
+        }
+        assert proxy["readinessProbe"]["httpGet"] == {
+            **host,
+            "path": "/readyz",
+            "port": "plugproxy-admin",
+        }
         for other in pod.spec["containers"]:
             if other is not proxy:
                 assert port not in {p["containerPort"] for p in other.get("ports", [])}
                 assert f"--health-port={port}" not in other.get("args", [])
-        assert pod.annotations["prometheus.io/scrape"] == "true"
-        assert pod.annotations["prometheus.io/port"] == str(port)
-        assert pod.annotations["prometheus.io/path"] == "/metrics"
+        if host_network:  # Prometheus cannot reach the node's loopback
+            assert not any(k.startswith("prometheus.io/") for k in pod.annotations)
+        else:
+            assert pod.annotations["prometheus.io/scrape"] == "true"
+            assert pod.annotations["prometheus.io/port"] == str(port)
+            assert pod.annotations["prometheus.io/path"] == "/metrics"
         grace = duration(flags["--shutdown-grace"])
         assert grace < pod.spec.get("terminationGracePeriodSeconds", 30)
         tmp = next(m for m in proxy["volumeMounts"] if m["mountPath"] == "/tmp")

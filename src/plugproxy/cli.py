@@ -1,4 +1,5 @@
-"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook.
+"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook
+| prepare-dir.
 
 Only the chosen subcommand's module is imported: `plugproxy serve` on every node should not
 pay for the YAML editor of `inject` or the fake plugins of `demo`.
@@ -24,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
     "inject": ("plugproxy.inject", "add plugproxy to the workloads of manifests"),
     "webhook": ("plugproxy.webhook", "inject plugproxy into pods on admission"),
+    "prepare-dir": (
+        "plugproxy.preparedir",
+        "create a directory with an owner and mode (init containers; the image has no shell)",
+    ),
 }
 
 

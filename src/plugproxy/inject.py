@@ -5,7 +5,10 @@ names: the addresses the containers are given (``--csi-address``, ``--endpoint``
 ``CSI_ENDPOINT``/``COSI_ENDPOINT``/``CMI_ENDPOINT``, with ``$(VAR)`` expanded as kubelet
 does) resolved through each container's volume mounts to (volume, path in volume), or to a
 TCP port on the pod's network. A container that only dials (``--csi-address``) is a CO
-side; the one that serves the socket is the driver.
+side; the one that serves the socket is the driver. A container given no address at all
+but mounting a volume at the directory of a well-known default socket (the CSI sidecars'
+``/run/csi/socket``, COSI's ``/var/lib/cosi/cosi.sock``) uses that default: a default
+belongs to a binary, and the mount is what the pod spec says of it.
 
 The edit is the smallest one that puts plugproxy in the path: the driver's mount of the
 socket directory is pointed at a private emptyDir, so the driver keeps its own flags and
@@ -78,7 +81,21 @@ ENDPOINT_ENV = {
 SPEC_OF_FAMILY = {"csi": "csi.v1", "cosi": "cosi.v1alpha1", "cmi": "cmi.v1"}
 POD_TEMPLATE_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job")
 ARG_VAR = re.compile(r"\$\((\w+)\)")
-PORT_IN_ARG = re.compile(r"^--[\w-]*(?:port|address|endpoint|listen)[\w-]*=\S*?:?(\d{2,5})$")
+PORT_IN_ARG = re.compile(r"^--?[\w-]*(?:port|address|endpoint|listen)[\w-]*=\S*?:?(\d{2,5})$")
+PORT_FLAG = re.compile(r"^--?[\w-]*(?:port|address|endpoint|listen)[\w-]*$")  # value: next word
+PORT_VALUE = re.compile(r"^\S*?:?(\d{2,5})$")
+# Where binaries listen or dial when the manifest does not say: (family, role, address).
+# CSI sidecars dial /run/csi/socket unless given --csi-address (a CSI driver has no
+# default); COSI's sidecar and drivers both default to /var/lib/cosi/cosi.sock.
+DEFAULT_SOCKETS = (
+    ("csi", "client", "unix:///run/csi/socket"),
+    ("cosi", "either", "unix:///var/lib/cosi/cosi.sock"),
+)
+# The CSI livenessprobe sidecar serves /healthz on 9808 unless given --health-port or
+# --http-endpoint; plugproxy's own default admin port is 9808 too.
+LIVENESSPROBE_PORT = 9808
+ADMIN_PORT = 9808
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 DOC_START = re.compile(r"---(?:\s|$)")
 KEY_LINE = re.compile(r"( *)[^\s#-][^:#]*:\s*(?:#.*)?$")
 ITEM_LINE = re.compile(r"( *)- ")
@@ -96,6 +113,7 @@ class InjectOptions:
     driver_container: str | None = None
     spec: str | None = None  # None: told by the endpoint's spec family, else auto
     proxy_user: int | None = None  # None: chosen from the driver's user
+    node_admin: bool = False  # on hostNetwork: admin on the node's addresses, for Prometheus
 
 
 @dataclass
@@ -116,6 +134,7 @@ class Ref:
     family: str  # csi, cosi, cmi or "" when the flag does not say
     address: str
     literal: tuple[Any, ...]  # where the address text lives: ("env", i) or ("args", i, prefix)
+    implied: bool = False  # a binary's default (DEFAULT_SOCKETS), not named in the manifest
 
 
 def _env_values(container: MutableMapping[str, Any]) -> dict[str, str]:
@@ -172,6 +191,25 @@ def container_refs(index: int, container: MutableMapping[str, Any]) -> list[Ref]
     return refs
 
 
+def implied_refs(index: int, container: MutableMapping[str, Any]) -> list[Ref]:
+    """The default sockets of a container given no address: those whose directory it
+    mounts a volume at, exactly (a mount is the one thing the pod spec says of them)."""
+    mounted = {
+        posixpath.normpath(str(m.get("mountPath", "/")))
+        for m in container.get("volumeMounts") or []
+        if isinstance(m, MutableMapping)
+    }
+    return [
+        Ref(index, role, family, address, (), implied=True)
+        for family, role, address in DEFAULT_SOCKETS
+        if posixpath.dirname(_unix_path(address) or "") in mounted
+    ]
+
+
+def all_refs(index: int, container: MutableMapping[str, Any]) -> list[Ref]:
+    return container_refs(index, container) or implied_refs(index, container)
+
+
 def _unix_path(address: str) -> str | None:
     if address.startswith("unix:"):
         return "/" + address[len("unix:") :].lstrip("/")
@@ -221,6 +259,60 @@ def declared_ports(container: MutableMapping[str, Any]) -> set[int]:
     return {int(p["containerPort"]) for p in container.get("ports") or [] if "containerPort" in p}
 
 
+def host_ports(container: MutableMapping[str, Any]) -> set[int]:
+    return {int(p["hostPort"]) for p in container.get("ports") or [] if p.get("hostPort")}
+
+
+def container_ports(index: int, container: MutableMapping[str, Any]) -> set[int]:
+    """Ports the container listens on: declared, in its flags, or by its binary's default."""
+    used = declared_ports(container) | host_ports(container)
+    env = _env_values(container)
+    words = [
+        _expand(str(w), env)  # --listen-address=$(METRICS_ADDRESS), as kubelet expands it
+        for w in [*(container.get("command") or []), *(container.get("args") or [])]
+    ]
+    flagged: set[int] = set()
+    for i, word in enumerate(words):
+        match = PORT_IN_ARG.match(word)
+        if match is None and PORT_FLAG.match(word) and i + 1 < len(words):
+            match = PORT_VALUE.match(words[i + 1])
+        if match:
+            flagged.add(int(match[1]))
+    # A CSI client with no port flag may be the livenessprobe on its default port; the
+    # other sidecars listen only when given a flag, so avoiding 9808 costs nothing there.
+    csi_client = any(r.role == "client" and r.family == "csi" for r in all_refs(index, container))
+    if csi_client and not flagged:
+        flagged.add(LIVENESSPROBE_PORT)
+    return used | flagged
+
+
+def pod_ports(pod: MutableMapping[str, Any]) -> set[int]:
+    """Every port a container of the pod (init and sidecar containers too) may listen on."""
+    used: set[int] = set()
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(pod.get(key) or []):
+            if isinstance(c, MutableMapping):
+                used |= container_ports(i, c)
+    return used
+
+
+@dataclass
+class PortSpace:
+    """Ports taken on a node by the workloads of one manifest set: every port of a
+    hostNetwork pod (its network is the node's) and every hostPort. Admin ports chosen for
+    hostNetwork pods are added as they are chosen, so no two of them collide."""
+
+    node: set[int] = field(default_factory=set)
+
+    def scan(self, pod: MutableMapping[str, Any]) -> None:
+        if pod.get("hostNetwork"):
+            self.node |= pod_ports(pod)
+        else:
+            for c in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+                if isinstance(c, MutableMapping):
+                    self.node |= host_ports(c)
+
+
 # ------------------------------------------------------------------------ the plan
 
 
@@ -268,7 +360,7 @@ def plan(
         hint = opts.driver_container
     by_loc: dict[tuple[str, ...], list[Ref]] = {}
     for i, c in enumerate(containers):
-        for ref in container_refs(i, c):
+        for ref in all_refs(i, c):
             loc = location(c, ref.address)
             if loc is not None:
                 by_loc.setdefault(loc, []).append(ref)
@@ -277,9 +369,12 @@ def plan(
         clients = {r.container for r in refs if r.role == "client"}
         serving = [r for r in refs if r.role != "client" and r.container not in clients]
         if not serving:
-            continue  # only CO sides here: the plugin is in another pod
-        alone = len({r.container for r in refs}) == 1
-        if alone and not _served_to_the_node(pod, loc, refs):
+            unnamed = _unnamed_server(pod, loc, refs, names, hint, who)
+            if unnamed is None:
+                continue  # only CO sides here: the plugin is in another pod
+            serving = [unnamed]
+        alone = len({r.container for r in [*refs, *serving]}) == 1
+        if alone and (refs[0].implied or not _served_to_the_node(pod, loc, refs)):
             continue  # nobody else names it: a flag that only looks like a plugin endpoint
         strong = [r for r in serving if r.role == "server"]
         if not strong and loc[0] == "tcp":
@@ -292,9 +387,10 @@ def plan(
             continue  # the hinted driver serves another socket
         if len(drivers) > 1:
             listed = ", ".join(names[d] for d in drivers)
+            how = "use it by their binaries' default" if serving[0].implied else "name it"
             raise InjectError(
-                f"{who}: cannot tell which container serves {_describe(loc)}: {listed} all name "
-                f"it; say which with --driver-container NAME or the {DRIVER_HINT} annotation"
+                f"{who}: cannot tell which container serves {_describe(loc)}: {listed} all {how}; "
+                f"say which with --driver-container NAME or the {DRIVER_HINT} annotation"
             )
         ref = next(r for r in [*candidates, *serving] if r.container == drivers[0])
         family = next((r.family for r in refs if r.family), "")
@@ -309,6 +405,60 @@ def plan(
             "--driver-container NAME"
         )
     return plans[0] if plans else None
+
+
+def _unnamed_server(
+    pod: MutableMapping[str, Any],
+    loc: tuple[str, ...],
+    refs: Sequence[Ref],
+    names: Sequence[str],
+    hint: str | None,
+    who: str,
+) -> Ref | None:
+    """CO sidecars dial a socket on a volume another container of the pod also mounts, but
+    no container is given its address (a driver configured by a file or a ConfigMap, say):
+    a plugin, but which container serves it only the user can say. None where the CO side
+    is alone with the volume (the plugin is in another pod) or the hint is elsewhere."""
+    if loc[0] != "unix" or all(r.implied for r in refs):
+        return None
+    containers = pod["containers"]
+    named = {r.container for r in refs}
+    others = [
+        i
+        for i, c in enumerate(containers)
+        if i not in named and any(m.get("name") == loc[1] for m in c.get("volumeMounts") or [])
+    ]
+    if not others:
+        return None
+    if hint is None:
+        dialing = ", ".join(sorted({names[r.container] for r in refs}))
+        raise InjectError(
+            f"{who}: {dialing} dial {_describe(loc)}, but no container is given its address "
+            f"(the volume is also mounted by {', '.join(names[i] for i in others)}); say "
+            f"which serves it with --driver-container NAME or the {DRIVER_HINT} annotation"
+        )
+    if names.index(hint) not in others:
+        return None
+    index = names.index(hint)
+    address = _path_in(containers[index], loc)
+    if address is None:
+        raise InjectError(
+            f"{who}: {hint} does not mount the part of volume {loc[1]} holding {loc[2]}"
+        )
+    family = next((r.family for r in refs if r.family), "")
+    return Ref(index, "server", family, "unix://" + address, (), implied=True)
+
+
+def _path_in(container: MutableMapping[str, Any], loc: tuple[str, ...]) -> str | None:
+    """Where the container sees (volume, path in volume), if it mounts that part."""
+    for mount in container.get("volumeMounts") or []:
+        if mount.get("name") != loc[1]:
+            continue
+        sub = posixpath.normpath(str(mount.get("subPath") or "."))
+        rel = posixpath.relpath(loc[2], sub) if sub != "." else loc[2]
+        if not rel.startswith(".."):
+            return posixpath.join(str(mount["mountPath"]), rel)
+    return None
 
 
 def _served_to_the_node(
@@ -381,19 +531,41 @@ def _grace(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _free_admin_port(pod: MutableMapping[str, Any], start: int) -> int:
-    used: set[int] = set()
-    for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
-        used |= declared_ports(c)
-        used |= {int(p["hostPort"]) for p in c.get("ports") or [] if "hostPort" in p}
-        for word in [*(c.get("command") or []), *(c.get("args") or [])]:
-            match = PORT_IN_ARG.match(str(word))
-            if match:
-                used.add(int(match[1]))
-    port = start
-    while port in used:
-        port += 1
-    return port
+def admin_address(
+    pod: MutableMapping[str, Any],
+    who: str,
+    opts: InjectOptions,
+    ports: PortSpace,
+    reserved: set[int],
+) -> tuple[str, int, bool]:
+    """(host, port, given) of plugproxy's admin server; `given` when --serve-arg set it.
+
+    The port is free in the pod and, on hostNetwork, among every port the manifest set
+    uses on a node. On hostNetwork the admin binds 127.0.0.1 unless asked for the node's
+    addresses: kubelet probes from the node's network namespace, which the pod shares.
+    """
+    host_network = bool(pod.get("hostNetwork"))
+    used = pod_ports(pod) | reserved | (ports.node if host_network else set())
+    given = _serve_flag(opts.serve_args, "--admin-listen")
+    if given is not None:
+        host, _, raw = given.rpartition(":")
+        port = int(raw)
+        if port in used:
+            where = "on the node (hostNetwork)" if host_network else "in the pod"
+            raise InjectError(f"{who}: --admin-listen {given}: port {port} is already used {where}")
+        if host in LOOPBACK and not host_network:
+            raise InjectError(
+                f"{who}: --admin-listen {given}: kubelet cannot probe the pod's loopback; "
+                "bind the pod's address (0.0.0.0)"
+            )
+    else:
+        host = "127.0.0.1" if host_network and not opts.node_admin else "0.0.0.0"
+        port = ADMIN_PORT
+        while port in used:
+            port += 1
+    if host_network:
+        ports.node.add(port)
+    return host, port, given is not None
 
 
 def run_as_user(pod: MutableMapping[str, Any], container: MutableMapping[str, Any]) -> int | None:
@@ -435,8 +607,10 @@ def inject_pod(
     who: str,
     opts: InjectOptions,
     outcome: Outcome,
+    ports: PortSpace | None = None,
 ) -> None:
-    """Inject into one pod spec in place (its metadata carries the annotations)."""
+    """Inject into one pod spec in place (its metadata carries the annotations); `ports`
+    holds the node ports of the manifest set it belongs to."""
     annotations = meta.get("annotations") or {}
     if RECORD in annotations or has_proxy(pod) or annotations.get(OPT_IN) == "false":
         return
@@ -448,6 +622,8 @@ def inject_pod(
     record: dict[str, Any] = {"driver": str(driver["name"]), "added": []}
     added: list[str] = record["added"]
 
+    space = ports or PortSpace()
+    reserved: set[int] = set()  # ports taken by this edit, not yet in the pod spec
     # Where plugproxy listens and where the driver goes.
     if p.loc[0] == "unix":
         assert p.mount is not None
@@ -472,7 +648,8 @@ def inject_pod(
         proxy_mounts += [inner_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     else:
         port = int(p.loc[1])
-        used = {port}.union(*(declared_ports(c) for c in containers))
+        # The driver's new port: free in the pod (flags too) and, on hostNetwork, on the node.
+        used = {port} | pod_ports(pod) | (space.node if pod.get("hostNetwork") else set())
         new_port = port + 1
         while new_port in used:
             new_port += 1
@@ -491,6 +668,9 @@ def inject_pod(
         record["endpoint"] = [kind, index, original]
         listen, upstream = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{new_port}"
         proxy_mounts = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]
+        reserved.add(new_port)
+        if pod.get("hostNetwork"):
+            space.node.add(new_port)
 
     # Who plugproxy runs as: over a socket, the driver's user; over TCP nothing on disk is
     # shared, and the image's own user will do.
@@ -519,18 +699,15 @@ def inject_pod(
             f"{who}: --shutdown-grace {chosen_grace} is not below the pod's "
             f"terminationGracePeriodSeconds ({term})"
         )
-    admin = _serve_flag(opts.serve_args, "--admin-listen")
-    admin_port = int(admin.rpartition(":")[2]) if admin else _free_admin_port(pod, 9808)
-    if pod.get("hostNetwork"):
-        outcome.warnings.append(
-            f"{who}: hostNetwork: plugproxy's admin port {admin_port} is a port of the node; "
-            "make sure no other pod on the node uses it"
-        )
+    admin_host, admin_port, admin_given = admin_address(pod, who, opts, space, reserved)
+    # A loopback admin (hostNetwork) is probed at the node's 127.0.0.1, and is no target
+    # for Prometheus, which scrapes from elsewhere.
+    probe_host = {"host": "127.0.0.1"} if admin_host in LOOPBACK else {}
 
     spec = opts.spec or SPEC_OF_FAMILY.get(p.family, "auto")
     args = ["serve", f"--listen={listen}", f"--upstream={upstream}", f"--spec={spec}"]
-    if admin is None:
-        args.append(f"--admin-listen=0.0.0.0:{admin_port}")
+    if not admin_given:
+        args.append(f"--admin-listen={admin_host}:{admin_port}")
     args.append(f"--validation={opts.validation}")
     if chosen_grace is None:
         args.append(f"--shutdown-grace={_grace(grace)}")
@@ -544,12 +721,12 @@ def inject_pod(
         "args": args,
         "ports": [{"name": ADMIN_PORT_NAME, "containerPort": admin_port, "protocol": "TCP"}],
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": ADMIN_PORT_NAME},
+            "httpGet": {**probe_host, "path": "/healthz", "port": ADMIN_PORT_NAME},
             "periodSeconds": 10,
             "timeoutSeconds": 3,
         },
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": ADMIN_PORT_NAME},
+            "httpGet": {**probe_host, "path": "/readyz", "port": ADMIN_PORT_NAME},
             "periodSeconds": 10,
             "timeoutSeconds": 3,
         },
@@ -591,11 +768,8 @@ def inject_pod(
             prepare = {
                 "name": PREPARE,
                 "image": opts.image,
-                "command": [
-                    "/bin/sh",
-                    "-c",
-                    f"mkdir -p {target} && chown 0:{run_group} {target} && chmod 0770 {target}",
-                ],
+                # The image has no shell: its own subcommand does mkdir, chown and chmod.
+                "args": ["prepare-dir", target, f"--owner=0:{run_group}", "--mode=0770"],
                 "securityContext": {
                     "runAsUser": 0,
                     "runAsNonRoot": False,
@@ -622,7 +796,7 @@ def inject_pod(
         meta["annotations"] = _new_map(meta)
         added.append("annotations")
     notes = meta["annotations"]
-    if not any(k in notes for k in PROMETHEUS):
+    if not probe_host and not any(k in notes for k in PROMETHEUS):
         for key, value in zip(PROMETHEUS, ("true", str(admin_port), "/metrics"), strict=True):
             notes[key] = value
         record["prometheus"] = True
@@ -717,9 +891,13 @@ def pods_of(doc: Any) -> Iterator[tuple[MutableMapping[str, Any], MutableMapping
         yield template["spec"], template, who
 
 
-def transform(doc: Any, opts: InjectOptions, remove: bool = False) -> Outcome:
-    """Inject into (or remove from) every workload of one parsed document, in place."""
+def transform(
+    doc: Any, opts: InjectOptions, remove: bool = False, ports: PortSpace | None = None
+) -> Outcome:
+    """Inject into (or remove from) every workload of one parsed document, in place;
+    `ports` is shared by the documents of one manifest set (see :class:`PortSpace`)."""
     outcome = Outcome()
+    ports = ports or PortSpace()
     for pod, holder, who in list(pods_of(doc)):
         if not isinstance(pod.get("containers"), MutableSequence):
             continue
@@ -733,7 +911,7 @@ def transform(doc: Any, opts: InjectOptions, remove: bool = False) -> Outcome:
             if not meta and not detached and isinstance(holder, CommentedMap):
                 del holder["metadata"]  # it held only what injection had put there
         else:
-            inject_pod(pod, meta, who, opts, outcome)
+            inject_pod(pod, meta, who, opts, outcome, ports)
             if detached and meta:
                 _put(holder, "metadata", meta, before=("spec",))
     return outcome
@@ -782,39 +960,75 @@ def _dump(doc: Any, body: str) -> str:
     return buf.getvalue()
 
 
-def transform_text(
-    text: str, source: str, opts: InjectOptions, remove: bool = False
-) -> tuple[str, list[str]]:
-    """The whole text with every workload changed; documents left alone keep their bytes."""
-    out: list[str] = []
-    warnings: list[str] = []
-    errors: list[str] = []
+@dataclass
+class _Chunk:
+    text: str  # as read
+    head: str = ""  # its `---` line
+    body: str = ""
+    doc: Any = None  # parsed, where it may hold a pod spec
+
+
+def _parse(text: str, source: str) -> list[_Chunk]:
     loader = _yaml()
-    for number, chunk in enumerate(split_documents(text), start=1):
-        if "containers" not in chunk:
-            out.append(chunk)  # no pod spec in it (CRDs, RBAC, ConfigMaps): not even parsed
-            continue
-        head, body = "", chunk
-        if DOC_START.match(chunk):
-            head, _, body = chunk.partition("\n")
-            head += "\n"
-            if head.strip() != "---":  # `--- {a: 1}`: content on the marker line; rare
-                head, body = "", chunk
+    chunks = []
+    for number, raw in enumerate(split_documents(text), start=1):
+        chunk = _Chunk(raw)
+        chunks.append(chunk)
+        if "containers" not in raw:
+            continue  # no pod spec in it (CRDs, RBAC, ConfigMaps): not even parsed
+        chunk.body = raw
+        if DOC_START.match(raw):
+            head, _, body = raw.partition("\n")
+            if head.strip() == "---":  # `--- {a: 1}`: content on the marker line; rare
+                chunk.head, chunk.body = head + "\n", body
         try:
-            doc = loader.load(body)
+            chunk.doc = loader.load(chunk.body)
         except YAMLError as exc:
             first = str(exc).strip().splitlines()[0]
             raise ConfigError(f"{source}: document {number} is not valid YAML: {first}") from None
-        try:
-            outcome = transform(doc, opts, remove)
-        except InjectError as exc:
-            errors.append(str(exc))
-            continue
-        warnings += outcome.warnings
-        out.append(head + _dump(doc, body) if outcome.changed else chunk)
+    return chunks
+
+
+def transform_texts(
+    sources: Sequence[tuple[str, str]], opts: InjectOptions, remove: bool = False
+) -> tuple[list[str], list[str], list[str]]:
+    """(texts, warnings, errors) for (text, source name) pairs that form one manifest set:
+    every workload changed; documents left alone keep their bytes. Admin ports are chosen
+    across the whole set, so that its hostNetwork workloads never collide on a node."""
+    parsed = [_parse(text, source) for text, source in sources]
+    ports = PortSpace()
+    for chunk in itertools.chain.from_iterable(parsed):
+        for pod, _, _ in pods_of(chunk.doc):
+            ports.scan(pod)
+    texts: list[str] = []
+    warnings: list[str] = []
+    errors: list[str] = []
+    for chunks in parsed:
+        out = []
+        for chunk in chunks:
+            if chunk.doc is None:
+                out.append(chunk.text)
+                continue
+            try:
+                outcome = transform(chunk.doc, opts, remove, ports)
+            except InjectError as exc:
+                errors.append(str(exc))
+                continue
+            warnings += outcome.warnings
+            changed = outcome.changed
+            out.append(chunk.head + _dump(chunk.doc, chunk.body) if changed else chunk.text)
+        texts.append("".join(out))
+    return texts, warnings, errors
+
+
+def transform_text(
+    text: str, source: str, opts: InjectOptions, remove: bool = False
+) -> tuple[str, list[str]]:
+    """One text as a manifest set of its own; any workload that cannot be wired raises."""
+    (out,), warnings, errors = transform_texts([(text, source)], opts, remove)
     if errors:
         raise InjectError("; ".join(errors))
-    return "".join(out), warnings
+    return out, warnings
 
 
 # ------------------------------------------------------------------------ command line
@@ -848,6 +1062,12 @@ def add_injection_arguments(parser: argparse.ArgumentParser) -> None:
         "--proxy-user",
         metavar="UID",
         help="UID plugproxy runs as (default: the driver's; root if the manifests do not say)",
+    )
+    parser.add_argument(
+        "--node-reachable-admin",
+        action="store_true",
+        help="on hostNetwork, bind the admin server to the node's addresses (0.0.0.0) and "
+        "annotate for Prometheus (default: 127.0.0.1, probed there, not scraped)",
     )
 
 
@@ -907,6 +1127,7 @@ def options_from(ns: argparse.Namespace) -> InjectOptions:
         getattr(ns, "driver_container", None),  # `webhook` reads it from the pod
         ns.spec,
         parse_proxy_user(ns.proxy_user),
+        ns.node_reachable_admin,
     )
 
 
@@ -939,18 +1160,12 @@ def run_sync(ns: argparse.Namespace) -> int:
     files = input_files(ns.paths)
     if ns.in_place and "-" in files:
         raise ConfigError("--in-place needs files, not stdin")
-    results: list[tuple[str, str, str]] = []
-    warnings: list[str] = []
-    errors: list[str] = []
-    for name in files:
-        text = sys.stdin.read() if name == "-" else pathlib.Path(name).read_text(encoding="utf-8")
-        try:
-            new, warned = transform_text(text, name, opts, ns.remove)
-        except InjectError as exc:
-            errors.append(str(exc))
-            continue
-        warnings += warned
-        results.append((name, text, new))
+    sources = [
+        (sys.stdin.read() if name == "-" else pathlib.Path(name).read_text(encoding="utf-8"), name)
+        for name in files
+    ]
+    texts, warnings, errors = transform_texts(sources, opts, ns.remove)
+    results = [(name, text, new) for (text, name), new in zip(sources, texts, strict=True)]
     for line in warnings:
         print(f"plugproxy inject: warning: {line}", file=sys.stderr)
     if errors:
