@@ -60,6 +60,7 @@ PROBE = textwrap.dedent(
     ns = serve.parse_args([
         "--listen", f"unix://{tmp}/proxy.sock", "--upstream", f"unix://{tmp}/plugin.sock",
         "--admin-listen", "127.0.0.1:0", "--max-message-bytes", "256MiB", "--log-payloads",
+        "--listen-when", "start",  # no plugin here: what a started proxy holds, listening
     ])
 
     async def main():

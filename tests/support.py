@@ -174,6 +174,10 @@ async def start_proxy(
     argv = ["--listen", f"unix://{listen}", "--upstream", f"unix://{upstream}"]
     if "--admin-listen" not in args:
         argv += ["--admin-listen", "off"]
+    if not any(a.startswith("--listen-when") for a in args):
+        # Listening at once lets a test start the proxy before its plugin; the start-order
+        # tests (integration/test_start_order.py) choose --listen-when themselves.
+        argv += ["--listen-when", "start"]
     # Modules that test both relays set PLUGPROXY_RELAY (see the `relay` fixture).
     environ = {"PLUGPROXY_RELAY": os.environ.get("PLUGPROXY_RELAY", "auto")}
     ns = serve.parse_args([*argv, *args], environ=environ)

@@ -1,7 +1,9 @@
-"""The listen socket: stale replaced, live refused, symlinks refused, mode, removal."""
+"""The listen socket: stale replaced, live refused and left alone, symlinks refused, mode,
+removal of only the socket a proxy bound itself, and waiting for a holder to leave."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -11,7 +13,13 @@ import urllib.request
 import pytest
 
 from plugproxy.endpoints import ConfigError
-from plugproxy.sockets import prepare_listen_path, socket_answers
+from plugproxy.sockets import (
+    ListenPathBusy,
+    ListenSocket,
+    prepare_listen_path,
+    socket_answers,
+    socket_identity,
+)
 from tests.support import start_proxy
 
 
@@ -109,3 +117,77 @@ async def test_healthz_fails_once_the_listen_socket_is_removed_or_replaced(tmp_p
         assert status()[0] == 503
     finally:
         await proxy.stop(0)
+
+
+def _listening(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(16)  # never accepts: room for every connection a check makes
+    return sock
+
+
+def test_release_removes_only_the_socket_it_bound(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    ours = ListenSocket(path)
+    first = _listening(path)
+    ours.bound()
+    os.unlink(path)  # a successor took the path over
+    successor = _listening(path)
+    try:
+        taken_over = socket_identity(path)
+        ours.release()
+        assert socket_identity(path) == taken_over and socket_answers(path)
+    finally:
+        first.close()
+        successor.close()
+    mine = ListenSocket(path)
+    os.unlink(path)
+    _listening(path).close()
+    mine.bound()
+    mine.release()
+    assert not os.path.exists(path)
+
+
+def test_a_socket_never_bound_is_never_removed(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    _stale_socket(path)
+    ListenSocket(path).release()
+    assert os.path.exists(path)
+
+
+async def test_claim_refuses_a_live_path_at_once_and_touches_nothing(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    live = _listening(path)
+    try:
+        before = socket_identity(path)
+        with pytest.raises(ListenPathBusy, match="already listening"):
+            await ListenSocket(path).claim(0)
+        assert socket_identity(path) == before
+    finally:
+        live.close()
+
+
+async def test_claim_waits_for_the_holder_to_leave(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    live = _listening(path)
+    told: list[bool] = []
+    claim = ListenSocket(path)
+    waiting = asyncio.ensure_future(claim.claim(30, on_busy=lambda: told.append(True)))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and claim.waiting_for_holder and told == [True]
+    live.close()
+    os.unlink(path)
+    await asyncio.wait_for(waiting, 5)
+    assert not claim.waiting_for_holder and not os.path.exists(path)
+
+
+async def test_claim_gives_up_after_its_wait(tmp_path):
+    path = str(tmp_path / "csi.sock")
+    live = _listening(path)
+    try:
+        claim = ListenSocket(path)
+        with pytest.raises(ListenPathBusy):
+            await claim.claim(0.2)
+        assert not claim.waiting_for_holder and socket_answers(path)
+    finally:
+        live.close()

@@ -1,4 +1,4 @@
-"""Command line: plugproxy serve | fake-plugin | demo | report | inject | webhook
+"""Command line: plugproxy serve | fake-plugin | fake-registrar | demo | report | inject | webhook
 | prepare-dir.
 
 Only the chosen subcommand's module is imported: `plugproxy serve` on every node should not
@@ -21,6 +21,10 @@ from plugproxy.options import OneLineParser
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("plugproxy.serve", "run the proxy between a CO and a plugin"),
     "fake-plugin": ("plugproxy.fakes.cli", "serve an in-memory, spec-correct plugin"),
+    "fake-registrar": (
+        "plugproxy.fakes.registrar",
+        "start like node-driver-registrar: wait for the socket, one GetPluginInfo in 1 s",
+    ),
     "demo": ("plugproxy.demo", "run a volume lifecycle through the proxy"),
     "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
     "inject": ("plugproxy.inject", "add plugproxy to the workloads of manifests"),

@@ -27,7 +27,7 @@ from plugproxy.options import (
 )
 from plugproxy.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec
 from plugproxy.relay.framerelay import FrameRelay
-from plugproxy.sockets import prepare_listen_path, remove_socket, restrict_socket
+from plugproxy.sockets import ListenSocket, restrict_socket
 from plugproxy.stages.metrics import register_process_metrics
 from plugproxy.upstream import Upstream
 
@@ -91,6 +91,22 @@ CORE_OPTIONS: list[Option] = [
         "how long a call may wait for a plugin that cannot be reached (at most its own "
         "deadline), so sidecars started before the plugin come up; 0 fails such calls at once",
         default=60.0,
+        type=duration,
+        metavar="DURATION",
+    ),
+    Option(
+        "--listen-when",
+        "when the listen socket is created: plugin-up (once the plugin has answered for the "
+        "first time, then kept; sidecars started before the plugin wait for the socket as "
+        "they would for the plugin's own) or start (at once; calls wait per --plugin-wait)",
+        default="plugin-up",
+        choices=("plugin-up", "start"),
+    ),
+    Option(
+        "--listen-wait",
+        "when another process listens on the UNIX listen path, wait this long for it to "
+        "leave (a rolling update's old proxy draining) before refusing; 0 refuses at once",
+        default=0.0,
         type=duration,
         metavar="DURATION",
     ),
@@ -276,16 +292,84 @@ class ProxyServer:
         self.server: grpc.aio.Server | None = None
         self.admin: admin.AdminServer | None = None
         self.port = 0
+        listen = self.settings.listen
+        self.socket = ListenSocket(listen.path) if listen.is_unix else None
+        self.listening = False
+        self.stopping = False
+        self.runtime.readiness_checks.append(self._listen_ready)
 
     def _upstream_ready(self) -> tuple[bool, str]:
         if self.upstream.state is UpstreamState.UP:
             return True, "upstream ready"
         return False, f"upstream {self.upstream.address}: {self.upstream.reason}"
 
+    def _listen_ready(self) -> tuple[bool, str]:
+        where = self.settings.listen.url
+        if self.stopping:
+            return False, "shutting down: no longer accepting calls"
+        if self.socket is not None and self.socket.waiting_for_holder:
+            return False, f"not listening yet: another process listens on {where}"
+        if not self.listening:
+            return False, f"not listening on {where} yet: waiting for the plugin to answer"
+        if self.socket is not None and not self.socket.is_ours():
+            return False, f"listen socket {self.socket.path} was removed or replaced"
+        return True, "listening"
+
+    def _healthz(self) -> tuple[int, str, bytes]:
+        """Alive while waiting to listen; once listening, only while the socket file is still
+        ours: kubelet empties its device plugin directory when it restarts, and a proxy
+        listening there would go on accepting nothing, so a restart makes the socket again."""
+        if self.socket is not None and self.listening and not self.socket.is_ours():
+            why = f"listen socket {self.socket.path} was removed or replaced; restart to listen"
+            return 503, "text/plain; charset=utf-8", why.encode()
+        return admin.healthz()
+
     async def start(self) -> None:
+        """Admin and upstream at once; the listener once the plugin has answered (with
+        --listen-when plugin-up). Returns when calls are accepted."""
+        self.upstream.start()
+        self._start_admin()
+        for stage in self.stages:
+            await stage.startup()
+        # A missing directory, a file in the way or a live listener fails now, not once the
+        # plugin is up; the path is claimed again when the socket is made.
+        await self._claim_path()
+        if self.ns.listen_when == "plugin-up":
+            if self.upstream.state is not UpstreamState.UP:
+                self.logger.info(
+                    "waiting for the plugin before listening",
+                    listen=self.settings.listen.url,
+                    upstream=self.upstream.address,
+                )
+            await self.upstream.wait_ready(None)
+        await self._listen()
+        self.logger.info(
+            "plugproxy listening",
+            version=__version__,
+            listen=self.settings.listen.url,
+            upstream=self.upstream.address,
+            stages=[s.name for s in self.stages],
+            relay=self.settings.relay,
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".", 1)[0],
+            admin=f"{self.settings.admin[0]}:{self.admin.port}"
+            if self.admin and self.settings.admin
+            else "off",
+        )
+
+    async def _claim_path(self) -> None:
+        if self.socket is not None:
+            await self.socket.claim(
+                self.ns.listen_wait,
+                on_busy=lambda: self.logger.warning(
+                    "another process listens on the listen path; waiting for it to leave",
+                    listen=self.settings.listen.url,
+                    wait_seconds=self.ns.listen_wait,
+                ),
+            )
+
+    async def _listen(self) -> None:
         listen = self.settings.listen
-        if listen.is_unix:
-            prepare_listen_path(listen.path)
+        await self._claim_path()
         if self.relay is not None:
             try:
                 self.port = await self.relay.listen(listen, self.ns.socket_mode)
@@ -294,9 +378,12 @@ class ProxyServer:
         else:
             await self._start_grpc_server()
         self.transport.start()
-        if listen.is_unix:
+        if self.socket is not None:
             restrict_socket(listen.path, self.ns.socket_mode)
-        self.upstream.start()
+            self.socket.bound()
+        self.listening = True
+
+    def _start_admin(self) -> None:
         diagnostics = self.tls_diagnostics
         if diagnostics is not None and self.settings.upstream.scheme is Scheme.TLS:
             from plugproxy.tlslog import UpstreamTls  # noqa: PLC0415
@@ -319,11 +406,7 @@ class ProxyServer:
         if probe is not None:
             self.runtime.readiness_checks.append(probe.check)
         routes = self.runtime.admin_routes
-        listen = self.settings.listen
-        routes.setdefault(
-            "/healthz",
-            admin.listen_socket_healthz(listen.path) if listen.is_unix else admin.healthz,
-        )
+        routes.setdefault("/healthz", self._healthz)
         routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
         routes.setdefault("/metrics", admin.metrics(self.metrics))
         routes.setdefault("/debug/tasks", _task_count(asyncio.get_running_loop()))
@@ -331,20 +414,6 @@ class ProxyServer:
             host, port = self.settings.admin
             self.admin = admin.AdminServer(host, port, routes, self.logger)
             self.admin.start()
-        for stage in self.stages:
-            await stage.startup()
-        self.logger.info(
-            "plugproxy listening",
-            version=__version__,
-            listen=listen.url,
-            upstream=self.upstream.address,
-            stages=[s.name for s in self.stages],
-            relay=self.settings.relay,
-            event_loop=type(asyncio.get_running_loop()).__module__.split(".", 1)[0],
-            admin=f"{self.settings.admin[0]}:{self.admin.port}"
-            if self.admin and self.settings.admin
-            else "off",
-        )
 
     async def _start_grpc_server(self) -> None:
         import grpc  # noqa: PLC0415
@@ -366,6 +435,12 @@ class ProxyServer:
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.ns.shutdown_grace if grace is None else grace
+        self.stopping = True
+        if self.socket is not None:
+            # First, so a successor waiting on the path (--listen-wait) binds while calls in
+            # flight here drain; new connections could not reach this proxy anyway.
+            self.socket.release()
+        self.listening = False
         if self.relay is not None:
             await self.relay.stop(grace)
         if self.server is not None:
@@ -379,8 +454,6 @@ class ProxyServer:
         if self.tls_diagnostics is not None:
             await self.tls_diagnostics.close()
         await self.upstream.close()
-        if self.settings.listen.is_unix:
-            remove_socket(self.settings.listen.path)
 
 
 def _task_count(loop: asyncio.AbstractEventLoop) -> AdminHandler:
@@ -411,12 +484,22 @@ async def run(ns: argparse.Namespace) -> int:
     if diagnostics is not None:
         diagnostics.start()  # this process's standard error: grpc's TLS lines become ours
     try:
+        # A signal may come while the proxy still waits for its plugin or its path.
+        starting = asyncio.ensure_future(server.start())
+        stopping = asyncio.ensure_future(stop.wait())
         try:
-            await server.start()
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+            else:
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+            await stopping
         except BaseException:
+            stopping.cancel()
             await server.stop(0)
             raise
-        await stop.wait()
         server.logger.info("shutting down", signal=received[0], grace_seconds=ns.shutdown_grace)
         await server.stop()
         server.logger.info("stopped")

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import stat
+import time
+from collections.abc import Callable
 
 from plugproxy.endpoints import ConfigError
+
+# How often a proxy waiting for a live listener to leave its path looks again: the gap a
+# CO can see during a handover is at most about this long.
+HANDOVER_POLL_SECONDS = 0.02
+
+
+class ListenPathBusy(ConfigError):
+    """Another process listens on the path: refused, and nothing on disk was touched."""
 
 
 def socket_answers(path: str, timeout: float = 0.5) -> bool:
@@ -42,8 +53,61 @@ def prepare_listen_path(path: str) -> None:
     if not stat.S_ISSOCK(st.st_mode):
         raise ConfigError(f"listen path {path} exists and is not a socket; refusing to replace it")
     if socket_answers(path):
-        raise ConfigError(f"another process is already listening on {path}; refusing to start")
+        raise ListenPathBusy(f"another process is already listening on {path}; refusing to start")
     os.unlink(path)
+
+
+class ListenSocket:
+    """The UNIX socket file a proxy listens on, known by its inode once bound.
+
+    A proxy removes only the file it created itself: a start that was refused, or a proxy
+    whose path was taken over by its successor, leaves whatever is at the path alone.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.identity: tuple[int, int] | None = None  # (device, inode) once bound
+        self.waiting_for_holder = False
+
+    async def claim(self, wait: float, on_busy: Callable[[], None] | None = None) -> None:
+        """Make the path free to bind; while another process listens there, look again for
+        up to ``wait`` seconds (its drain in a rolling update) before refusing."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                prepare_listen_path(self.path)
+            except ListenPathBusy:
+                if time.monotonic() >= deadline:
+                    self.waiting_for_holder = False
+                    raise
+                if not self.waiting_for_holder and on_busy is not None:
+                    on_busy()
+                self.waiting_for_holder = True
+                await self._holder_gone(deadline)
+            else:
+                self.waiting_for_holder = False
+                return
+
+    async def _holder_gone(self, deadline: float) -> None:
+        """Until the holder's socket file is removed or replaced (cheap lstat polls, no
+        connections to it), or the deadline."""
+        held = socket_identity(self.path)
+        # No event tells when another process removes a file: poll the path.
+        while socket_identity(self.path) == held and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(HANDOVER_POLL_SECONDS)
+
+    def bound(self) -> None:
+        self.identity = socket_identity(self.path)
+
+    def is_ours(self) -> bool:
+        return self.identity is not None and socket_identity(self.path) == self.identity
+
+    def release(self) -> None:
+        """Remove the socket file if it is still the one we created."""
+        if self.is_ours():
+            with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile
+                os.unlink(self.path)
+        self.identity = None
 
 
 def restrict_socket(path: str, mode: int) -> None:
@@ -72,14 +136,6 @@ def socket_identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
 
 
-def remove_socket(path: str) -> None:
-    """Remove our socket file on shutdown; tolerate it being gone already."""
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if stat.S_ISSOCK(st.st_mode):
-            os.unlink(path)
-
-
 def describe_connect_error(path: str) -> str:
     """Why a UNIX socket cannot be reached, in a few words (for logs and readiness)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -95,9 +151,10 @@ def describe_connect_error(path: str) -> str:
 
 
 __all__ = [
+    "ListenPathBusy",
+    "ListenSocket",
     "describe_connect_error",
     "prepare_listen_path",
-    "remove_socket",
     "restrict_socket",
     "socket_answers",
 ]

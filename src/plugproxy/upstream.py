@@ -80,7 +80,8 @@ class Upstream:
     def start(self) -> None:
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def wait_ready(self, timeout: float) -> bool:
+    async def wait_ready(self, timeout: float | None) -> bool:
+        """Whether the plugin answered within ``timeout`` seconds (None: wait for it)."""
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except TimeoutError:

@@ -138,6 +138,10 @@ def node(tmp: Path, port: int, ca: str, cert: tuple[str, str]) -> Proxy:
         cert[1],
         "--plugin-wait",
         "2s",
+        # What a CO's call is told: listen before the appliance ever answered (by default
+        # the socket appears only once it has, and /readyz carries the same diagnosis).
+        "--listen-when",
+        "start",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -18,7 +19,11 @@ from plugproxy.fakes.knobs import knobs_from_flags
 from plugproxy.fakes.misbehave import catalogue
 from plugproxy.fakes.otel import tracer_provider_from_env
 from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
+from plugproxy.options import duration
 from plugproxy.registry import SPEC_ALIASES
+
+# Where a driver of each spec family reads its address when no flag gives it.
+ENDPOINT_VARIABLES = {"csi": "CSI_ENDPOINT", "cosi": "COSI_ENDPOINT", "cmi": "CMI_ENDPOINT"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--listen",
+        "--endpoint",  # a driver's usual flag, so it can stand in a driver's pod spec
         dest="fake_listen",
         metavar="URL",
-        help="unix:///path/to.sock (a stale socket is replaced) or tcp://host:port",
+        help="unix:///path/to.sock (a stale socket is replaced) or tcp://host:port; default: "
+        "the spec's endpoint variable (CSI_ENDPOINT, COSI_ENDPOINT or CMI_ENDPOINT)",
+    )
+    parser.add_argument(
+        "--start-delay",
+        dest="fake_start_delay",
+        type=duration,
+        default=0.0,
+        metavar="DURATION",
+        help="wait this long before listening (a driver that is slow to start)",
     )
     parser.add_argument(
         "--delay",
@@ -102,7 +117,8 @@ async def run(ns: argparse.Namespace) -> int:
         return 0
     if spec is None:
         raise ConfigError(f"--spec is required: one of {', '.join(FAKE_SPECS)}")
-    if not ns.fake_listen:
+    listen = ns.fake_listen or os.environ.get(ENDPOINT_VARIABLES.get(spec.split(".")[0], ""))
+    if not listen:
         raise ConfigError("--listen is required, e.g. unix:///run/fake.sock")
     knobs = knobs_from_flags(
         spec,
@@ -113,19 +129,22 @@ async def run(ns: argparse.Namespace) -> int:
         getattr(ns, "fake_stream_period", None),
     )
     provider = tracer_provider_from_env(os.environ, spec) if ns.fake_otel else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    if ns.fake_start_delay > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ns.fake_start_delay)
     try:
-        handle = await start_fake_plugin(spec, ns.fake_listen, knobs, tracer_provider=provider)
+        handle = await start_fake_plugin(spec, listen, knobs, tracer_provider=provider)
     except BaseException:
         if provider is not None:
             provider.shutdown()
         raise
     traced = "" if provider is None else " (traced)"
     print(f"fake {spec} plugin listening on {handle.url}{traced}", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
