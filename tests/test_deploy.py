@@ -6,6 +6,7 @@ Everything runs offline: kubernetes-validate bundles the API schemas.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import ipaddress
 import pathlib
@@ -20,7 +21,7 @@ import pytest
 import trustme
 import yaml
 
-from plugproxy import options, serve
+from plugproxy import cli, options, preparedir, serve
 from plugproxy.endpoints import Scheme, parse_endpoint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -393,7 +394,32 @@ def test_kubelet_registration_path_is_the_proxy_socket_on_the_host(w: Workload) 
     # The host directory is given to the proxy's group before it starts.
     prepare = [c for c in w.pod.get("initContainers", []) if volume in mounters_of(c)]
     assert prepare, "the host socket directory must be made writable for UID 65532"
-    assert "65532" in " ".join(prepare[0]["command"])
+    assert_prepares(prepare[0], volume)
+
+
+def assert_prepares(init: dict[str, Any], volume: str) -> None:
+    """The init container gives the volume's directory to group 65532, with plugproxy's
+    own subcommand: the image has no shell."""
+    assert "command" not in init, "keep the image's entrypoint: it has no shell"
+    assert init["args"][0] == "prepare-dir"
+    parser = argparse.ArgumentParser()
+    preparedir.add_arguments(parser)
+    ns = parser.parse_args(init["args"][1:])
+    mount = next(m for m in init["volumeMounts"] if m["name"] == volume)
+    assert ns.paths == [mount["mountPath"]]
+    assert preparedir.parse_owner(ns.owner) == (0, 65532)
+    assert preparedir.parse_mode(ns.mode) == 0o770
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=[w.file for w in WORKLOADS])
+def test_init_containers_of_the_plugproxy_image_run_its_subcommands(w: Workload) -> None:
+    for init in w.pod.get("initContainers", []):
+        if init["image"] == w.proxy["image"]:
+            assert "command" not in init, f"{init['name']}: the image has no shell"
+            assert init["args"][0] in cli.SUBCOMMANDS
+            if init["args"][0] == "prepare-dir":
+                (mount,) = init["volumeMounts"]
+                assert_prepares(init, mount["name"])
 
 
 def mounters_of(container: dict[str, Any]) -> set[str]:

@@ -79,6 +79,8 @@ ENDPOINT_ENV = {
     "CMI_ENDPOINT": ("either", "cmi"),
 }
 SPEC_OF_FAMILY = {"csi": "csi.v1", "cosi": "cosi.v1alpha1", "cmi": "cmi.v1"}
+# A driver found by a default socket: COSI's is the same for v1alpha1 and v1alpha2 binaries.
+SPEC_OF_DEFAULT = {"csi": "csi.v1"}
 POD_TEMPLATE_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job")
 ARG_VAR = re.compile(r"\$\((\w+)\)")
 PORT_IN_ARG = re.compile(r"^--?[\w-]*(?:port|address|endpoint|listen)[\w-]*=\S*?:?(\d{2,5})$")
@@ -704,7 +706,8 @@ def inject_pod(
     # for Prometheus, which scrapes from elsewhere.
     probe_host = {"host": "127.0.0.1"} if admin_host in LOOPBACK else {}
 
-    spec = opts.spec or SPEC_OF_FAMILY.get(p.family, "auto")
+    of_family = SPEC_OF_DEFAULT if p.ref.implied else SPEC_OF_FAMILY
+    spec = opts.spec or of_family.get(p.family, "auto")
     args = ["serve", f"--listen={listen}", f"--upstream={upstream}", f"--spec={spec}"]
     if not admin_given:
         args.append(f"--admin-listen={admin_host}:{admin_port}")
@@ -989,6 +992,58 @@ def _parse(text: str, source: str) -> list[_Chunk]:
     return chunks
 
 
+def _keep_original_lines(original: str, dumped: str) -> str:
+    """The dumped document with the original's own lines wherever they differ only in
+    whitespace: ruamel writes every block sequence of a document in one style, and real
+    manifests mix styles (a flush `- item` list inside indented ones). Kept only if it
+    still reads as the very same YAML."""
+    old = original.splitlines(keepends=True)
+    new = dumped.splitlines(keepends=True)
+
+    def bare(lines: Sequence[str]) -> str:
+        return "".join("".join(line.split()) for line in lines)
+
+    matcher = difflib.SequenceMatcher(
+        None, [bare([line]) for line in old], [bare([line]) for line in new], autojunk=False
+    )
+
+    def same_head(a: Sequence[str], b: Sequence[str]) -> tuple[int, int]:
+        """(k, m): the longest a[:k] and b[:m] equal but for whitespace, over several lines
+        (a flow mapping the dump joined into one)."""
+        k = m = 0
+        best = (0, 0)
+        left = right = ""
+        while k < len(a) or m < len(b):
+            if (len(left) <= len(right) and k < len(a)) or m == len(b):
+                left, k = left + bare([a[k]]), k + 1
+            else:
+                right, m = right + bare([b[m]]), m + 1
+            if left == right:
+                best = (k, m)
+            elif not (left.startswith(right) or right.startswith(left)):
+                break
+        return best
+
+    out: list[str] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            out += old[i1:i2]
+            continue
+        olds, news = old[i1:i2], new[j1:j2]
+        k, m = same_head(olds, news)
+        tail_k, tail_m = same_head(olds[k:][::-1], news[m:][::-1])
+        out += olds[:k] + news[m : len(news) - tail_m] + olds[len(olds) - tail_k :]
+    text = "".join(out)
+    if text == dumped:
+        return dumped
+    check = YAML(typ="safe", pure=True)
+    try:
+        same = bool(check.load(text) == check.load(dumped))
+    except YAMLError:
+        same = False
+    return text if same else dumped
+
+
 def transform_texts(
     sources: Sequence[tuple[str, str]], opts: InjectOptions, remove: bool = False
 ) -> tuple[list[str], list[str], list[str]]:
@@ -1016,7 +1071,11 @@ def transform_texts(
                 continue
             warnings += outcome.warnings
             changed = outcome.changed
-            out.append(chunk.head + _dump(chunk.doc, chunk.body) if changed else chunk.text)
+            if changed:
+                dumped = _keep_original_lines(chunk.body, _dump(chunk.doc, chunk.body))
+                out.append(chunk.head + dumped)
+            else:
+                out.append(chunk.text)
         texts.append("".join(out))
     return texts, warnings, errors
 

@@ -10,6 +10,7 @@ where either is missing those cases are skipped, saying why.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import os
@@ -32,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from plugproxy import inject
+from plugproxy import inject, preparedir
 from plugproxy.fakes import SpecClient
 from plugproxy.sockets import socket_answers
 
@@ -129,12 +130,19 @@ class PodOnDisk:
             else:
                 path.chmod(0o755)  # hostPath DirectoryOrCreate: root's, 0755
         for init in spec.get("initContainers", []):
-            # What the prepare-socket-dir container does to the directory it mounts.
-            assert init["name"] == inject.PREPARE
-            assert f"chown 0:{self.fs_group}" in init["command"][-1]
-            path = root / init["volumeMounts"][0]["name"]
-            os.chown(path, 0, self.fs_group)
-            path.chmod(0o770)
+            # The prepare-socket-dir container, run as its args say (`plugproxy prepare-dir`)
+            # on the directory its mount maps to.
+            assert init["name"] == inject.PREPARE and "command" not in init
+            parser = argparse.ArgumentParser()
+            preparedir.add_arguments(parser)
+            assert init["args"][0] == "prepare-dir"
+            ns = parser.parse_args(init["args"][1:])
+            owner = preparedir.parse_owner(ns.owner)
+            assert owner == (0, self.fs_group)
+            for target in ns.paths:
+                preparedir.prepare(
+                    self.host_path(init, target), owner, preparedir.parse_mode(ns.mode)
+                )
 
     def container(self, name: str) -> dict[str, Any]:
         return next(c for c in self.spec["containers"] if c["name"] == name)
