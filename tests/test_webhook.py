@@ -186,6 +186,28 @@ def test_proxy_user_reaches_the_patch_as_it_does_inject(
         assert patched["spec"]["containers"][0]["securityContext"]["runAsUser"] == 65532
 
 
+@pytest.mark.parametrize("extra", [(), ("--node-reachable-admin",)], ids=["loopback", "node"])
+def test_a_hostnetwork_pod_gets_the_admin_binding_inject_gives(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...]
+) -> None:
+    pod = copy.deepcopy(REVIEW["request"]["object"])
+    pod["spec"]["hostNetwork"] = True
+    for running in start(tmp_path, *extra):
+        patched = apply(pod, running.review(with_pod(pod)))
+        assert patched == cli_inject(pod, capsys, *extra)
+        proxy = patched["spec"]["containers"][0]
+        admin = next(a for a in proxy["args"] if a.startswith("--admin-listen="))
+        annotations = patched["metadata"]["annotations"]
+        if extra:
+            assert admin.startswith("--admin-listen=0.0.0.0:")
+            assert "host" not in proxy["livenessProbe"]["httpGet"]
+            assert annotations["prometheus.io/scrape"] == "true"
+        else:
+            assert admin.startswith("--admin-listen=127.0.0.1:")
+            assert proxy["readinessProbe"]["httpGet"]["host"] == "127.0.0.1"
+            assert "prometheus.io/scrape" not in annotations
+
+
 def test_a_pod_from_an_injected_template_is_left_alone(
     running: Running, capsys: pytest.CaptureFixture[str]
 ) -> None:
