@@ -588,3 +588,20 @@ def test_ports_are_shared_by_the_hostnetwork_workloads_of_all_files(
         if p.spec.get("hostNetwork")
     ]
     assert len(admins) == 3 and len(set(admins)) == 3
+
+
+def test_a_workload_injected_earlier_keeps_its_port_from_the_next_ones(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    # The node DaemonSet injected first, on its own; then the whole driver.
+    shutil.copytree(DRIVERS / "nfs", tmp_path / "nfs")
+    code, _, err = run(capsys, "-i", str(tmp_path / "nfs" / "csi-nfs-node.yaml"))
+    assert code == 0, err
+    first = pods((tmp_path / "nfs" / "csi-nfs-node.yaml").read_text())["csi-nfs-node"]
+    node_admin = proxy_flags(first.container("plugproxy"))["--admin-listen"]
+    code, out, err = run(capsys, str(tmp_path / "nfs"))
+    assert code == 0, err
+    after = pods(out)
+    assert proxy_flags(after["csi-nfs-node"].container("plugproxy"))["--admin-listen"] == node_admin
+    controller_admin = proxy_flags(after["csi-nfs-controller"].container("plugproxy"))
+    assert controller_admin["--admin-listen"] != node_admin
