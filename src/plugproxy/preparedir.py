@@ -40,7 +40,7 @@ def prepare(path: pathlib.Path, owner: tuple[int, int] | None, mode: int | None)
     try:
         path.mkdir(parents=True, exist_ok=True)
         if owner is not None:
-            os.chown(path, *owner, follow_symlinks=False)
+            os.chown(path, *owner)
         if mode is not None:
             path.chmod(mode)
     except FileExistsError:
