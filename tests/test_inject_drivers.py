@@ -605,3 +605,25 @@ def test_a_workload_injected_earlier_keeps_its_port_from_the_next_ones(
     assert proxy_flags(after["csi-nfs-node"].container("plugproxy"))["--admin-listen"] == node_admin
     controller_admin = proxy_flags(after["csi-nfs-controller"].container("plugproxy"))
     assert controller_admin["--admin-listen"] != node_admin
+
+
+def test_a_node_driver_without_any_address_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # gcp-pd's node driver alone, its endpoint left to a config file: nothing names a
+    # socket, but the driver mounts its own directory under kubelet's plugins.
+    doc = next(d for d in yaml.safe_load_all((DRIVERS / "gcp-pd" / "node.yaml").read_text()) if d)
+    spec = doc["spec"]["template"]["spec"]
+    spec["containers"] = spec["containers"][1:]
+    spec["containers"][0]["args"].remove("--endpoint=unix:/csi/csi.sock")
+    code, out, err = run(capsys, "-", stdin=yaml.safe_dump(doc))
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        "plugproxy inject: error: DaemonSet/csi-gce-pd-node: gce-pd-driver mounts the kubelet "
+        "plugin directory /var/lib/kubelet/plugins/pd.csi.storage.gke.io/ but no container is "
+        "given a plugin address (--endpoint, CSI_ENDPOINT, --csi-address, ...); name it in "
+        'the manifest, or opt out with the plugproxy.io/inject: "false" annotation'
+    )
+    # Opted out, it passes as it is.
+    doc["spec"]["template"]["metadata"]["annotations"] = {"plugproxy.io/inject": "false"}
+    text = yaml.safe_dump(doc)
+    code, out, err = run(capsys, "-", stdin=text)
+    assert (code, out, err) == (0, text, "")

@@ -406,7 +406,33 @@ def plan(
             f"{who}: more than one plugin socket ({listed}); say which driver with "
             "--driver-container NAME"
         )
+    if not plans and not by_loc:
+        _no_address_in_a_plugin_directory(pod, who, names)
     return plans[0] if plans else None
+
+
+def _no_address_in_a_plugin_directory(
+    pod: MutableMapping[str, Any], who: str, names: Sequence[str]
+) -> None:
+    """A pod naming no plugin address at all, where a container mounts a plugin's own
+    directory under kubelet's plugins (a node driver configured by a file, say): a plugin
+    that cannot be wired, not an ordinary workload to pass by in silence."""
+    host_dirs = {
+        str(v["name"]): posixpath.join(str(v["hostPath"].get("path", "")), "")
+        for v in pod.get("volumes") or []
+        if isinstance(v, MutableMapping) and isinstance(v.get("hostPath"), MutableMapping)
+    }
+    for name, container in zip(names, pod["containers"], strict=True):
+        for mount in container.get("volumeMounts") or []:
+            path = host_dirs.get(str(mount.get("name")), "")
+            below = path.startswith(KUBELET_PLUGINS) and path != KUBELET_PLUGINS
+            if below and not path.startswith(KUBELET_PLUGINS + "kubernetes.io/"):
+                raise InjectError(
+                    f"{who}: {name} mounts the kubelet plugin directory {path} but no "
+                    "container is given a plugin address (--endpoint, CSI_ENDPOINT, "
+                    "--csi-address, ...); name it in the manifest, or opt out with the "
+                    f'{OPT_IN}: "false" annotation'
+                )
 
 
 def _unnamed_server(
