@@ -60,7 +60,13 @@ CASES: dict[str, Case] = {
                 "unix:///plugin/csi.sock",
                 "0.0.0.0:9809",
                 1000,
-                co("csi-provisioner", "csi-attacher", "csi-resizer", "liveness-probe"),
+                co(
+                    "csi-provisioner",
+                    "csi-attacher",
+                    "csi-snapshotter",
+                    "csi-resizer",
+                    "liveness-probe",
+                ),
             ),
             "ebs-csi-node": Wired(
                 "ebs-plugin",
@@ -227,6 +233,8 @@ CASES: dict[str, Case] = {
         },
         refused=("Deployment/scality-cosi-driver",),
     ),
+    # Machine controller and provider linked in-process: no CMI socket, nothing to do.
+    "gardener-mcm": Case(),
     # The provider's metrics flag holds 8081: its CMI endpoint moves to 8082.
     "cmi-example": Case(
         wired={
@@ -476,8 +484,8 @@ def test_a_driver_configured_out_of_sight_is_refused_then_wired_when_named(
     assert (code, out) == (2, "")
     assert err.strip() == (
         "plugproxy inject: error: Deployment/ebs-csi-controller: csi-attacher, "
-        "csi-provisioner, csi-resizer, liveness-probe dial the socket csi.sock in volume "
-        "socket-dir, but no container is given its address (the volume is also mounted by "
+        "csi-provisioner, csi-resizer, csi-snapshotter, liveness-probe dial the socket "
+        "csi.sock in volume socket-dir, but no container is given its address (the volume is also mounted by "
         "ebs-plugin); say which serves it with --driver-container NAME or the "
         "plugproxy.io/driver-container annotation"
     )
