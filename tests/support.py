@@ -7,6 +7,7 @@ import contextlib
 import importlib.resources
 import os
 import pathlib
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -203,6 +204,18 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+def require_tool(name: str, install: str) -> str:
+    """The path of the command ``name``. Without it the test is skipped, or fails where the
+    environment sets CI: CI installs every tool the suite uses (.ci/run)."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed ({install})"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail(f"{message}; CI must install it", pytrace=False)
+        pytest.skip(message)
+    return path
 
 
 # -- descriptor sets built from .proto text (grpc_tools' protoc, no generated code) -------------

@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import require_tool
+
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus-alerts.yaml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus-alerts.test.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana-dashboard.json"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="promtool is not installed (Debian: apt-get install prometheus); the alert rule"
-    " unit tests in deploy/prometheus-alerts.test.yaml did not run",
-)
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return require_tool("promtool", "Debian: apt-get install prometheus")
 
 
 def rule_groups() -> list[dict[str, object]]:
@@ -39,26 +40,23 @@ def dashboard_exprs() -> dict[str, str]:
     }
 
 
-def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL is not None
+def run_promtool(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        [promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
     )
 
 
-@needs_promtool
-def test_alert_rules_pass_their_promtool_unit_tests(tmp_path):
+def test_alert_rules_pass_their_promtool_unit_tests(promtool, tmp_path):
     (tmp_path / "prometheus-alerts.rules.yaml").write_text(
         yaml.safe_dump({"groups": rule_groups()})
     )
     shutil.copy(ALERT_TESTS, tmp_path / ALERT_TESTS.name)
-    result = run_promtool("test", "rules", ALERT_TESTS.name, cwd=tmp_path)
+    result = run_promtool(promtool, "test", "rules", ALERT_TESTS.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
-@needs_promtool
-def test_a_one_off_violation_needs_the_unless_offset_form(tmp_path):
+def test_a_one_off_violation_needs_the_unless_offset_form(promtool, tmp_path):
     """The unit tests can fail: with the plain increase() the one-off violation never fires."""
     groups = rule_groups()
     for group in groups:
@@ -72,20 +70,19 @@ def test_a_one_off_violation_needs_the_unless_offset_form(tmp_path):
                 )
     (tmp_path / "prometheus-alerts.rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     shutil.copy(ALERT_TESTS, tmp_path / ALERT_TESTS.name)
-    result = run_promtool("test", "rules", ALERT_TESTS.name, cwd=tmp_path)
+    result = run_promtool(promtool, "test", "rules", ALERT_TESTS.name, cwd=tmp_path)
     assert result.returncode != 0
     assert "PlugproxyPluginViolationsRising, time: 27m" in result.stdout + result.stderr
 
 
-@needs_promtool
-def test_every_dashboard_expression_parses(tmp_path):
+def test_every_dashboard_expression_parses(promtool, tmp_path):
     records = [
         {"record": f"dashboard:panel_{i}", "expr": expr.replace("$job", ".*")}
         for i, expr in enumerate(dashboard_exprs().values())
     ]
     path = tmp_path / "dashboard.rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
-    result = run_promtool("check", "rules", str(path), cwd=tmp_path)
+    result = run_promtool(promtool, "check", "rules", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

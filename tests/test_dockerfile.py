@@ -5,6 +5,7 @@ that the build context it gets is enough to build a complete package.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -19,10 +20,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from plugproxy.inject import DEFAULT_IMAGE
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BUILD_TOOLS = re.compile(
-    r"\b(apt-get|apt|apk|dnf|yum|pip3?|make|gcc|g\+\+|cc|clang|build-essential|cargo|go)\b"
-)
 
 
 @dataclass
@@ -69,8 +69,13 @@ def parse_dockerfile(text: str) -> tuple[dict[str, str], list[Stage]]:
 
 
 @pytest.fixture(scope="module")
-def stages() -> list[Stage]:
-    return parse_dockerfile((ROOT / "Dockerfile").read_text(encoding="utf-8"))[1]
+def dockerfile() -> str:
+    return (ROOT / "Dockerfile").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def stages(dockerfile: str) -> list[Stage]:
+    return parse_dockerfile(dockerfile)[1]
 
 
 def env_of(stage: Stage) -> dict[str, str]:
@@ -82,12 +87,14 @@ def env_of(stage: Stage) -> dict[str, str]:
     return env
 
 
-def test_multi_stage_on_slim_python_311(stages: list[Stage]) -> None:
-    assert len(stages) >= 2
-    for stage in stages:
-        assert re.fullmatch(r"python:3\.11-slim(-\w+)?(@sha256:[0-9a-f]{64})?", stage.base), (
-            stage.base
-        )
+def test_bases_are_build_arguments_on_debian_12(dockerfile: str, stages: list[Stage]) -> None:
+    """Both bases are Debian 12, so both hold /usr/bin/python3.11: the venv copied from the
+    build stage links to that interpreter."""
+    args, _ = parse_dockerfile(dockerfile)
+    froms = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    assert froms == ["${BUILD_BASE}", "${RUNTIME_BASE}"]
+    assert re.fullmatch(r"(docker\.io/(library/)?)?debian:(bookworm|12)-slim", args["BUILD_BASE"])
+    assert re.fullmatch(r"gcr\.io/distroless/python3-debian12:nonroot", args["RUNTIME_BASE"])
     assert stages[0].name, "the build stage is named so the final stage can copy from it"
 
 
@@ -99,10 +106,10 @@ def test_final_stage_runs_as_a_numeric_non_root_user(stages: list[Stage]) -> Non
     assert not gid or (gid.isdigit() and int(gid) > 0)
 
 
-def test_final_stage_installs_no_build_tools(stages: list[Stage]) -> None:
+def test_final_stage_runs_nothing_and_copies_only_the_venv(stages: list[Stage]) -> None:
     final = stages[-1]
-    for command in final.all("RUN"):
-        assert not BUILD_TOOLS.search(command), f"final stage runs a build tool: {command}"
+    # The runtime base has no shell to run a command with, nor tools to run.
+    assert final.all("RUN") == []
     for source in final.all("COPY") + final.all("ADD"):
         assert source.startswith("--from="), f"final stage copies from the context: {source}"
 
@@ -130,6 +137,23 @@ def install_venv(stage: Stage) -> str:
     raise AssertionError("the build stage must install with `make install`")
 
 
+def test_the_venv_loses_pip_and_setuptools_and_the_build_ca_stays_a_secret(
+    stages: list[Stage],
+) -> None:
+    (install,) = [c for c in stages[0].all("RUN") if "make install" in c]
+    steps = [step.strip() for step in install.split("&&")]
+    make = next(i for i, step in enumerate(steps) if step.startswith("make install"))
+    (uninstall,) = [step for step in steps[make:] if " uninstall " in step]
+    assert {"pip", "setuptools"} <= set(shlex.split(uninstall))
+    # The CA reaches pip as a secret mount of this step, never as a file or ENV of a layer.
+    assert install.startswith("--mount=type=secret,id=build-ca ")
+    assert "export PIP_CERT=/run/secrets/build-ca" in steps[0]
+    for stage in stages:
+        assert not {"PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"} & set(env_of(stage))
+        for copy in stage.all("COPY") + stage.all("ADD"):
+            assert not re.search(r"\.(crt|pem)\b|ca-cert|build-ca", copy), copy
+
+
 def test_install_step_is_the_makefile_target(stages: list[Stage]) -> None:
     build, final = stages[0], stages[-1]
     venv = install_venv(build)
@@ -149,7 +173,7 @@ def test_make_install_would_install_a_regular_copy_into_the_given_venv(
     if make is None:
         pytest.skip("make is not installed")
     command = next(c for c in stages[0].all("RUN") if "make install" in c)
-    words = shlex.split(command.split("&&")[0])
+    words = shlex.split(next(part for part in command.split("&&") if "make install" in part))
     venv = str(tmp_path / "venv")
     words = [f"VENV={venv}" if w.startswith("VENV=") else w for w in words]
     out = subprocess.run(
@@ -158,6 +182,85 @@ def test_make_install_would_install_a_regular_copy_into_the_given_venv(
     assert f"-m venv {venv}" in out
     assert re.search(rf"{re.escape(venv)}/bin/pip install .*\s\.$", out, re.MULTILINE), out
     assert " -e " not in out  # an editable install would need /src at run time
+
+
+def make_n_image(*settings: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`make image` as it would run (-n: nothing is built)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+    return subprocess.run(
+        [make, "--no-print-directory", "-n", "image", *settings],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_make_image_tags_the_image_inject_wires_by_default() -> None:
+    out = make_n_image("ENGINE=podman").stdout
+    assert re.search(rf"^podman build --tag {re.escape(DEFAULT_IMAGE)} ", out, re.MULTILINE), out
+
+
+def test_make_image_builds_its_bases_tagged_by_their_recipe_or_pulls_them() -> None:
+    recipe = hashlib.sha256((ROOT / "tools" / "build-bases.sh").read_bytes()).hexdigest()[:12]
+    build = f"localhost/plugproxy-base-build:bookworm-{recipe}"
+    runtime = f"localhost/plugproxy-base-runtime:bookworm-{recipe}"
+    out = make_n_image("ENGINE=podman").stdout  # BASES=debian is the default
+    assert f"tools/build-bases.sh podman {build} {runtime}\n" in out
+    assert f"--build-arg BUILD_BASE={build} --build-arg RUNTIME_BASE={runtime}" in out
+    pulled = make_n_image("ENGINE=podman", "BASES=pull").stdout
+    assert "podman build" in pulled
+    assert "build-bases.sh" not in pulled and "--build-arg" not in pulled
+
+
+def test_make_image_passes_the_build_ca_as_a_secret(tmp_path: pathlib.Path) -> None:
+    ca = tmp_path / "proxy-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    out = make_n_image("ENGINE=podman", f"BUILD_CA={ca}").stdout
+    assert f"--secret id=build-ca,src={ca} ." in out
+    assert "--secret" not in make_n_image("ENGINE=podman", "BUILD_CA=").stdout
+    host_bundle = pathlib.Path("/etc/ssl/certs/ca-certificates.crt")
+    default = make_n_image("ENGINE=podman").stdout
+    assert (f"--secret id=build-ca,src={host_bundle} ." in default) == host_bundle.exists()
+    missing = make_n_image("ENGINE=podman", f"BUILD_CA={tmp_path}/none.pem")
+    assert missing.returncode != 0
+    assert missing.stderr.strip().endswith(f"BUILD_CA {tmp_path}/none.pem does not exist.  Stop.")
+
+
+@pytest.mark.parametrize(
+    ("tools", "engine"),
+    [
+        ({"docker": 0, "podman": 0}, "docker"),  # docker's engine answers
+        ({"docker": 1, "podman": 0}, "podman"),  # a docker CLI without an engine
+        ({"podman": 0}, "podman"),
+        ({"docker": 1}, None),
+        ({}, None),
+    ],
+)
+def test_make_image_chooses_docker_with_an_engine_else_podman_else_says_so(
+    tmp_path: pathlib.Path, tools: dict[str, int], engine: str | None
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sed", "sha256sum", "cut"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
+    for name, status in tools.items():  # `info` answers with this status
+        (bin_dir / name).write_text(f"#!/bin/sh\nexit {status}\n")
+        (bin_dir / name).chmod(0o755)
+    result = make_n_image(path=str(bin_dir))
+    if engine is None:
+        assert result.returncode != 0
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "make image: needs podman, or docker with a running engine" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert re.search(rf"^{engine} build --tag ", result.stdout, re.MULTILINE)
 
 
 def glob_regex(pattern: str) -> re.Pattern[str]:
@@ -269,14 +372,21 @@ def test_serve_with_the_image_environment_writes_only_its_socket(
     scratch = {name: tmp_path / name for name in ("cwd", "home", "tmp", "run")}
     for path in scratch.values():
         path.mkdir()
-    socket = scratch["run"] / "csi.sock"
+    socket, plugin_socket = scratch["run"] / "csi.sock", scratch["run"] / "plugin.sock"
+    # The proxy listens once its plugin answers: a fake plugin, in a process of its own.
+    fake = ["fake-plugin", "--spec", "csi.v1", "--listen", f"unix://{plugin_socket}"]
+    plugin = subprocess.Popen(
+        [sys.executable, "-m", "plugproxy", *fake],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+    )
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(scratch["home"]),
         "TMPDIR": str(scratch["tmp"]),
         **image_env,
         "PLUGPROXY_LISTEN": f"unix://{socket}",
-        "PLUGPROXY_UPSTREAM": f"unix://{scratch['run']}/plugin.sock",
+        "PLUGPROXY_UPSTREAM": f"unix://{plugin_socket}",
         "PLUGPROXY_ADMIN_LISTEN": "off",
     }
     proc = subprocess.Popen(
@@ -289,15 +399,18 @@ def test_serve_with_the_image_environment_writes_only_its_socket(
     )
     try:
         assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "plugproxy listening" in first, first + (proc.stderr.read() if proc.stderr else "")
+        lines = []
+        while not lines or "plugproxy listening" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines) + (proc.stderr.read() if proc.stderr else "")
         assert socket.exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for process in (proc, plugin):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert not socket.exists(), "the socket is removed on shutdown"
     for name in ("cwd", "home", "tmp"):
         assert not any(scratch[name].iterdir()), f"wrote into {name}"
