@@ -263,6 +263,29 @@ def test_make_image_chooses_docker_with_an_engine_else_podman_else_says_so(
         assert re.search(rf"^{engine} build --tag ", result.stdout, re.MULTILINE)
 
 
+def test_building_the_bases_without_debootstrap_is_a_one_line_error(tmp_path: pathlib.Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    bash = shutil.which("bash")
+    assert bash is not None
+    (bin_dir / "bash").symlink_to(bash)
+    (bin_dir / "podman").write_text("#!/bin/sh\nexit 1\n")  # no such image yet
+    (bin_dir / "podman").chmod(0o755)
+    result = subprocess.run(
+        [str(ROOT / "tools" / "build-bases.sh"), "podman", "build:x", "runtime:x"],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        "build-bases: debootstrap is not installed (apt-get install debootstrap),"
+        " or use BASES=pull\n"
+    )
+
+
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """A .dockerignore pattern: `*` stays within a directory, `**` spans directories."""
     out, i = "", 0
