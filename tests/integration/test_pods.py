@@ -230,6 +230,17 @@ def inspect(*containers: str) -> dict[str, dict[str, Any]]:
     return {c["Name"]: c for c in found}
 
 
+def node_address() -> str | None:
+    """A non-loopback IPv4 address of this machine, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # TEST-NET-3: nothing is sent, a route is picked
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -548,6 +559,11 @@ async def test_played_pod(layout: Layout, played: dict[str, Played]) -> None:
         container=p.name("plugproxy"),
     )
     assert get(admin + "/healthz")[0] == 200
+    address = node_address()
+    if p.pod["spec"].get("hostNetwork") and address:
+        # On the host's network the admin port must stay off the node's addresses.
+        port = admin.rsplit(":", 1)[1]
+        assert get(f"http://{address}:{port}/healthz")[0] == 0, "admin port open on the node"
     assert await plugin_name(p) == layout.plugin_name
     status, metrics = get(admin + "/metrics")
     assert status == 200
