@@ -10,9 +10,12 @@ the proxy (exit 0, socket removed). One pod's driver starts 5 s late: its regist
 started at once, must still register at the first try; the same pod with a proxy that
 listens at once must see the registrar fail.
 
-What podman does unlike a kubelet is bridged in `for_podman` (hostPath directories under a
-temporary root, unique emptyDir names, a free hostPort per containerPort, no annotation
-over 63 characters); everything plugproxy wrote is played as written.
+What podman 4.3 does unlike a kubelet is bridged here, never in what inject wrote: the
+template is played as a Pod restarted OnFailure, hostPath directories move under a
+temporary root, each emptyDir gets a name of its own and a kubelet's mode 0777, each
+containerPort a free hostPort (none on hostNetwork), and annotation values over 63
+characters are left out (`for_podman`, `played`). Probes never run under podman here, so
+the test calls the endpoints.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ from plugproxy.inject import DEFAULT_IMAGE as IMAGE
 from tests.support import require_tool
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "pods"
 RUN = secrets.token_hex(3)  # pods and volumes of one run never meet another run's
 READY_TIMEOUT = 60.0  # 11 pods starting at once on two cores
 IDLE = [
@@ -482,6 +484,14 @@ def log_events(container: str) -> list[str]:
     return events
 
 
+def calls_in_flight(admin: str) -> bool:
+    """The proxy counts a call in flight (so a stop now must drain it, not refuse it)."""
+    for line in get(admin + "/metrics")[1].splitlines():
+        if line.startswith("plugproxy_rpc_in_flight{") and float(line.rsplit(" ", 1)[1]) > 0:
+            return True
+    return False
+
+
 def registered(container: str) -> bool:
     return "registered" in log_events(container)
 
@@ -596,7 +606,9 @@ async def test_played_pod(layout: Layout, played: dict[str, Played]) -> None:
     if layout.name == "controller":
         client = SpecClient("unix:" + str(p.socket_path()), layout.spec)
         in_flight = asyncio.create_task(client.call("GetCapacity"))
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(
+            wait_for, "GetCapacity in flight", functools.partial(calls_in_flight, admin), 5
+        )
         assert not in_flight.done(), "GetCapacity was over before the pod stopped"
     await asyncio.to_thread(podman, "pod", "stop", "--time=15", layout.pod)
     if in_flight is not None:
