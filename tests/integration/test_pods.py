@@ -78,6 +78,7 @@ class Layout:
     # Shipped examples: container -> the command of the fake replacing the real binary.
     fakes: dict[str, list[str]] = field(default_factory=dict)
     early: bool = False  # the negative control: the registrar must fail
+    driver_args: tuple[str, ...] = ()  # appended to the played driver's args
 
     @property
     def shipped(self) -> bool:
@@ -198,6 +199,9 @@ LAYOUTS = [
         registrars=("node-driver-registrar", "liveness-probe"),
         inject=("--serve-arg=--listen-when=start",),
         early=True,
+        # The registrar fails only if it calls before the plugin is up: 11 pods starting
+        # at once on two cores once delayed it past 5 s.
+        driver_args=("--start-delay=20s",),
     ),
 ]
 
@@ -327,6 +331,8 @@ def for_podman(layout: Layout, injected: str, host_root: pathlib.Path) -> dict[s
             mount["name"] = renamed.get(mount["name"], mount["name"])
         if container["image"].rsplit("/", 1)[-1].startswith("plugproxy:"):
             container["image"] = IMAGE
+        if container["name"] == layout.driver:
+            container["args"] = [*container.get("args", []), *layout.driver_args]
         if container["name"] in layout.fakes:
             container["image"] = IMAGE
             container["command"] = layout.fakes[container["name"]]
@@ -627,9 +633,10 @@ async def test_registrar_fails_when_the_proxy_listens_early(played: dict[str, Pl
     registrar = p.name("node-driver-registrar")
     await asyncio.to_thread(
         wait_for,
-        "the registrar failed once",
+        f"the registrar failed once; plugproxy said:\n{container_logs(p.name('plugproxy'))}",
         lambda: "GetPluginInfo failed; exiting" in log_events(registrar),
         30,
+        container=registrar,
     )
     # Exited 1, and the pod's restart policy started it again.
     assert inspect(registrar)[registrar]["RestartCount"] >= 1
