@@ -443,8 +443,9 @@ def played() -> Iterator[dict[str, Played]]:
             )
             for p in pods.values()
         ]
-        for p, proc in zip(pods.values(), started, strict=True):
-            _, err = proc.communicate(timeout=120)
+        # Every play ends before any failure is raised, so the cleanup meets no half pod.
+        errors = [proc.communicate(timeout=120)[1] for proc in started]
+        for p, proc, err in zip(pods.values(), started, errors, strict=True):
             assert proc.returncode == 0, f"kube play {p.layout.name}: {err}"
         yield pods
     finally:
