@@ -491,6 +491,13 @@ def log_events(container: str) -> list[str]:
     return events
 
 
+def counted(admin: str, method: str) -> bool:
+    return any(
+        line.startswith("plugproxy_rpc_duration_seconds_count") and method in line
+        for line in get(admin + "/metrics")[1].splitlines()
+    )
+
+
 def calls_in_flight(admin: str) -> bool:
     """The proxy counts a call in flight (so a stop now must drain it, not refuse it)."""
     for line in get(admin + "/metrics")[1].splitlines():
@@ -582,13 +589,14 @@ async def test_played_pod(layout: Layout, played: dict[str, Played]) -> None:
         port = admin.rsplit(":", 1)[1]
         assert get(f"http://{address}:{port}/healthz")[0] == 0, "admin port open on the node"
     assert await plugin_name(p) == layout.plugin_name
-    status, metrics = get(admin + "/metrics")
-    assert status == 200
-    method = INFO_METHOD[layout.spec]
-    assert any(
-        line.startswith("plugproxy_rpc_duration_seconds_count") and method in line
-        for line in metrics.splitlines()
-    ), f"no plugproxy_ metrics of {method}"
+    assert get(admin + "/metrics")[0] == 200
+    # The proxy counts a call once its status is sent, a moment after the client has it.
+    await asyncio.to_thread(
+        wait_for,
+        f"plugproxy_ metrics of {INFO_METHOD[layout.spec]}",
+        functools.partial(counted, admin, INFO_METHOD[layout.spec]),
+        5,
+    )
 
     # Registered at the first try: a failed GetPluginInfo would have restarted it.
     for registrar in layout.registrars:
