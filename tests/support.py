@@ -206,15 +206,21 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
         await asyncio.sleep(0.02)
 
 
+def require(present: bool, message: str) -> None:
+    """Skip the test unless ``present``, or fail where the environment sets CI: CI installs
+    everything the suite uses (.ci/run), so a skip there would be a test CI does not have."""
+    if present:
+        return
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"{message}; CI must install it", pytrace=False)
+    pytest.skip(message)
+
+
 def require_tool(name: str, install: str) -> str:
-    """The path of the command ``name``. Without it the test is skipped, or fails where the
-    environment sets CI: CI installs every tool the suite uses (.ci/run)."""
+    """The path of the command ``name`` (see :func:`require`)."""
     path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed ({install})"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(f"{message}; CI must install it", pytrace=False)
-        pytest.skip(message)
+    require(path is not None, f"{name} is not installed ({install})")
+    assert path is not None
     return path
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from plugproxy.registry import load_spec
+from tests.support import require, require_tool
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -85,11 +85,10 @@ def test_smoke_run_python_tools(tmp_path: Path) -> None:
             assert passthrough[passthrough.index(flag) + 1] == "off"
 
 
-@pytest.mark.skipif(
-    shutil.which("go") is None or not Path("/usr/share/gocode/src/google.golang.org/grpc").is_dir(),
-    reason="needs Go and Debian's golang-google-grpc-dev",
-)
 def test_smoke_run_go_tools(tmp_path: Path) -> None:
+    install = "Debian: apt-get install golang-go golang-google-grpc-dev"
+    require_tool("go", install)
+    require(Path("/usr/share/gocode/src/google.golang.org/grpc").is_dir(), f"Go's gRPC ({install})")
     run = _load("run")
     report = run.main(
         [
