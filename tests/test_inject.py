@@ -236,6 +236,18 @@ def test_node_plugin_registration_path_names_the_proxy_socket_on_the_host(
     assert "initContainers" not in pod.spec
 
 
+def test_a_socket_on_the_node_waits_for_a_draining_predecessor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A hostPath socket outlives its pod: in a DaemonSet update the new proxy may start
+    while the old one drains, so it waits for the path (up to the pod's grace) instead of
+    exiting. An emptyDir socket belongs to its pod alone: nothing to wait for."""
+    node = pods(injected_text(capsys, "csi-node-env.yaml"))["acme-csi-node"]
+    assert proxy_flags(node.container("plugproxy"))["--listen-wait"] == "30s"
+    controller = pods(injected_text(capsys, "csi-controller-flag.yaml"))["acme-csi-controller"]
+    assert "--listen-wait" not in proxy_flags(controller.container("plugproxy"))
+
+
 def test_a_non_root_proxy_gets_the_host_directory_first(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -740,6 +740,13 @@ def inject_pod(
     args.append(f"--validation={opts.validation}")
     if chosen_grace is None:
         args.append(f"--shutdown-grace={_grace(grace)}")
+    on_the_node = p.loc[0] == "unix" and any(
+        v.get("name") == record["mount"][1] and "hostPath" in v for v in pod.get("volumes") or []
+    )
+    if on_the_node and _serve_flag(opts.serve_args, "--listen-wait") is None:
+        # A socket in a host directory outlives the pod: an updated pod's proxy can start
+        # while the old one drains, and waits for the path as long as that may take.
+        args.append(f"--listen-wait={_grace(term)}")
     if p.loc[0] == "tcp":
         args.append("--insecure-tcp")  # both hops on the pod's loopback
     args += opts.serve_args
