@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.resources
 import os
 import pathlib
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,6 +227,44 @@ def require_tool(name: str, install: str) -> str:
     require(path is not None, f"{name} is not installed ({install})")
     assert path is not None
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def admin_get(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of GET http://127.0.0.1:PORT/PATH; status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+@functools.cache
+def built_image() -> str:
+    """`make image` as a user runs it, once per test session (cached layers and bases make
+    it quick when nothing changed); the image's name. Building the bases needs root."""
+    require_tool("podman", "Debian: apt-get install podman runc")
+    require_tool("debootstrap", "Debian: apt-get install debootstrap")
+    require(os.geteuid() == 0, "building the image's bases with debootstrap needs root")
+    built = subprocess.run(
+        ["make", "--no-print-directory", "image", "ENGINE=podman"],
+        cwd=pathlib.Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
+    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
+    from plugproxy.inject import DEFAULT_IMAGE
+
+    return DEFAULT_IMAGE
 
 
 # -- descriptor sets built from .proto text (grpc_tools' protoc, no generated code) -------------

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugproxy.inject import DEFAULT_IMAGE
-from tests.support import require_tool
+from tests.support import admin_get, built_image, free_port, require_tool
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_CA = Path("/etc/ssl/certs/ca-certificates.crt")  # the Makefile's default BUILD_CA
@@ -49,26 +44,7 @@ def podman() -> str:
 
 @pytest.fixture(scope="session")
 def image(podman: str) -> str:
-    """`make image`, as a user builds it (cached layers and bases make a re-run quick)."""
-    require_tool("debootstrap", "Debian: apt-get install debootstrap")
-    if os.geteuid() != 0 and os.environ.get("CI", "").lower() in ("", "0", "false"):
-        pytest.skip("building the bases with debootstrap needs root")
-    built = subprocess.run(
-        ["make", "--no-print-directory", "image", "ENGINE=podman"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
-    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
-    return DEFAULT_IMAGE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return built_image()
 
 
 def wait_for(predicate: object, what: str, timeout: float = 30.0) -> None:
@@ -77,16 +53,6 @@ def wait_for(predicate: object, what: str, timeout: float = 30.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f}s"
         time.sleep(0.1)
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def call(sock: Path, method: str) -> bytes:
@@ -133,12 +99,12 @@ def test_the_image_serves_through_a_host_socket_and_drains_on_sigterm(
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     try:
-        wait_for(lambda: get(port, "/readyz")[0] == 200, "/readyz answering 200")
+        wait_for(lambda: admin_get(port, "/readyz")[0] == 200, "/readyz answering 200")
         assert listen.is_socket()
         answer = call(listen, GET_PLUGIN_INFO)
         assert answer and answer == call(plugin_dir / "plugin.sock", GET_PLUGIN_INFO)
 
-        status, metrics = get(port, "/metrics")
+        status, metrics = admin_get(port, "/metrics")
         assert status == 200
         assert re.search(r'plugproxy_build_info\{version="[^"]+"\} 1\.0', metrics)
         assert re.search(r"plugproxy_rpc_duration_seconds_count\{[^}]*GetPluginInfo", metrics)

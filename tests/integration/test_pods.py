@@ -46,7 +46,7 @@ import yaml
 
 from plugproxy.fakes import SpecClient
 from plugproxy.inject import DEFAULT_IMAGE as IMAGE
-from tests.support import require_tool
+from tests.support import built_image, free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUN = secrets.token_hex(3)  # pods and volumes of one run never meet another run's
@@ -247,28 +247,6 @@ def node_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def build_image() -> None:
-    """`make image`, so the pods run the code under test (quick when nothing changed)."""
-    require_tool("podman", "Debian: apt-get install podman runc")
-    if os.geteuid() != 0 and os.environ.get("CI", "").lower() in ("", "0", "false"):
-        pytest.skip("hostPath directories, volume modes and the image's bases need root")
-    built = subprocess.run(
-        ["make", "--no-print-directory", "image", "ENGINE=podman"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
-
-
 # -- manifests -------------------------------------------------------------------------------
 
 
@@ -414,7 +392,7 @@ class Played:
 
 @pytest.fixture(scope="module")
 def played() -> Iterator[dict[str, Played]]:
-    build_image()
+    built_image()
     host_root = pathlib.Path(tempfile.mkdtemp(prefix="pods-"))  # short: socket paths
     with ThreadPoolExecutor(4) as pool:
         injected = list(pool.map(inject, LAYOUTS))

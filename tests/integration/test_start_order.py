@@ -15,13 +15,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,16 +26,11 @@ from pathlib import Path
 import pytest
 
 from plugproxy.sockets import socket_answers, socket_identity
+from tests.support import admin_get, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DELAY = 3.0  # seconds the plugin starts after everything else
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PLUGPROXY_", "OTEL_"))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(*args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -68,16 +60,6 @@ def serve(
         *args,
         log=log,
     )
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.02) -> None:  # type: ignore[no-untyped-def]
@@ -152,19 +134,19 @@ def test_the_socket_appears_when_the_plugin_answers_and_stays(tmp_path: Path) ->
     proxy = serve(listen, plugin_sock, admin, tmp_path / "proxy.log")
     plugin = None
     try:
-        wait_for(lambda: get(admin, "/healthz")[0] == 200, 20, "the admin server answers")
-        code, body = get(admin, "/readyz")
+        wait_for(lambda: admin_get(admin, "/healthz")[0] == 200, 20, "the admin server answers")
+        code, body = admin_get(admin, "/readyz")
         assert code == 503 and "waiting for the plugin to answer" in body, body
         assert not listen.exists(), "no CO-side socket before the plugin answered"
         plugin = fake_plugin(plugin_sock, tmp_path / "plugin.log")
         wait_for(lambda: socket_answers(str(listen)), 20, "the proxy listens")
-        wait_for(lambda: get(admin, "/readyz")[0] == 200, 10, "ready")
+        wait_for(lambda: admin_get(admin, "/readyz")[0] == 200, 10, "ready")
         inode = socket_identity(str(listen))
         stop(plugin)  # the plugin goes away: the socket is kept, readiness says why
-        wait_for(lambda: get(admin, "/readyz")[0] == 503, 10, "not ready without the plugin")
-        assert "upstream" in get(admin, "/readyz")[1]
+        wait_for(lambda: admin_get(admin, "/readyz")[0] == 503, 10, "not ready without the plugin")
+        assert "upstream" in admin_get(admin, "/readyz")[1]
         assert socket_identity(str(listen)) == inode and socket_answers(str(listen))
-        assert get(admin, "/healthz")[0] == 200
+        assert admin_get(admin, "/healthz")[0] == 200
         proxy.send_signal(signal.SIGTERM)
         assert proxy.wait(20) == 0
         assert not listen.exists()
@@ -176,7 +158,7 @@ def test_sigterm_while_waiting_for_the_plugin_exits_zero_and_leaves_nothing(tmp_
     listen, admin = tmp_path / "csi.sock", free_port()
     proxy = serve(listen, tmp_path / "plugin.sock", admin, tmp_path / "proxy.log")
     try:
-        wait_for(lambda: get(admin, "/healthz")[0] == 200, 20, "the admin server answers")
+        wait_for(lambda: admin_get(admin, "/healthz")[0] == 200, 20, "the admin server answers")
         proxy.send_signal(signal.SIGTERM)
         assert proxy.wait(20) == 0
         assert not listen.exists()
@@ -227,20 +209,20 @@ def test_rolling_update_hands_the_path_over_without_a_gap(tmp_path: Path, relay:
             listen, plugin_sock, old_admin, tmp_path / "old.log", "--shutdown-grace=10s",
             f"--relay={relay}",
         )  # fmt: skip
-        wait_for(lambda: get(old_admin, "/readyz")[0] == 200, 20, "the old proxy is ready")
+        wait_for(lambda: admin_get(old_admin, "/readyz")[0] == 200, 20, "the old proxy is ready")
         old_socket = socket_identity(str(listen))
         new = serve(
             listen, plugin_sock, new_admin, tmp_path / "new.log", "--listen-wait=60s",
             f"--relay={relay}",
         )  # fmt: skip
         wait_for(
-            lambda: "another process listens" in get(new_admin, "/readyz")[1], 20,
+            lambda: "another process listens" in admin_get(new_admin, "/readyz")[1], 20,
             "the new proxy reports it is waiting for the path",
         )  # fmt: skip
-        assert get(new_admin, "/readyz")[0] == 503
-        assert get(new_admin, "/healthz")[0] == 200
+        assert admin_get(new_admin, "/readyz")[0] == 503
+        assert admin_get(new_admin, "/healthz")[0] == 200
         assert socket_identity(str(listen)) == old_socket, "the waiting proxy touched the path"
-        assert get(old_admin, "/readyz")[0] == 200
+        assert admin_get(old_admin, "/readyz")[0] == 200
 
         slow = subprocess.Popen(  # a call in flight on the old proxy when it is told to stop
             [sys.executable, "-c", SLOW_CALL, str(listen)],
@@ -250,8 +232,10 @@ def test_rolling_update_hands_the_path_over_without_a_gap(tmp_path: Path, relay:
         with path_prober(listen) as samples:
             time.sleep(0.2)
             old.send_signal(signal.SIGTERM)
-            wait_for(lambda: get(new_admin, "/readyz")[0] == 200, 20, "the new proxy is ready")
-            code, body = get(old_admin, "/readyz")
+            wait_for(
+                lambda: admin_get(new_admin, "/readyz")[0] == 200, 20, "the new proxy is ready"
+            )
+            code, body = admin_get(old_admin, "/readyz")
             assert (code, "shutting down" in body) in ((503, True), (0, False)), body
             assert old.wait(20) == 0
             time.sleep(0.2)
@@ -292,7 +276,9 @@ def test_a_refused_second_proxy_leaves_the_live_socket_alone(tmp_path: Path, rel
     try:
         wait_for(lambda: socket_answers(str(plugin_sock)), 20, "the plugin listens")
         first = serve(listen, plugin_sock, first_admin, tmp_path / "first.log", f"--relay={relay}")
-        wait_for(lambda: get(first_admin, "/readyz")[0] == 200, 20, "the first proxy is ready")
+        wait_for(
+            lambda: admin_get(first_admin, "/readyz")[0] == 200, 20, "the first proxy is ready"
+        )
         before = socket_identity(str(listen))
         second = subprocess.run(
             [sys.executable, "-m", "plugproxy", "serve", f"--listen=unix://{listen}",
@@ -303,7 +289,7 @@ def test_a_refused_second_proxy_leaves_the_live_socket_alone(tmp_path: Path, rel
         assert "already listening" in second.stderr
         assert socket_identity(str(listen)) == before, "the refused proxy removed the socket"
         assert socket_answers(str(listen))
-        assert get(first_admin, "/readyz") == (200, "ready")
-        assert get(first_admin, "/healthz")[0] == 200
+        assert admin_get(first_admin, "/readyz") == (200, "ready")
+        assert admin_get(first_admin, "/healthz")[0] == 200
     finally:
         stop(plugin, *([first] if first else []))
