@@ -7,6 +7,9 @@ import io
 import ipaddress
 import json
 import os
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -371,3 +374,25 @@ def test_watcher_keeps_working_material_during_a_non_atomic_update(tmp_path, pki
     key.write_bytes(new.key_pem)
     assert watcher.poll()
     assert watcher.material.cert_fingerprint == new.sha256
+
+
+def test_a_tls_listen_port_in_use_is_one_line_and_exit_2(tmp_path, secret):
+    """grpc raises where a plain socket bind returns an error: the same one line either way."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "plugproxy", "serve", "--listen", f"tls://127.0.0.1:{port}",
+             "--upstream", f"unix://{tmp_path}/plugin.sock", "--tls-ca", secret.ca,
+             "--tls-cert", secret.cert, "--tls-key", secret.key, "--admin-listen", "off",
+             "--listen-when", "start"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("plugproxy: error:")]
+    assert f"tls://127.0.0.1:{port}" in line and "cannot bind" in line

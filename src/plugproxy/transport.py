@@ -522,16 +522,19 @@ class Transport:
             finally:
                 os.umask(old)
         material = self.material
-        if listen.scheme is Scheme.TLS and material is not None:
-            self._server_config = server_certificate_configuration(material)
-            credentials = _grpc().dynamic_ssl_server_credentials(
-                self._server_config,
-                self._fetch_server_config,
-                require_client_authentication=True,
-            )
-            port = int(server.add_secure_port(listen.grpc_target, credentials))
-        else:
-            port = int(server.add_insecure_port(listen.grpc_target))
+        try:
+            if listen.scheme is Scheme.TLS and material is not None:
+                self._server_config = server_certificate_configuration(material)
+                credentials = _grpc().dynamic_ssl_server_credentials(
+                    self._server_config,
+                    self._fetch_server_config,
+                    require_client_authentication=True,
+                )
+                port = int(server.add_secure_port(listen.grpc_target, credentials))
+            else:
+                port = int(server.add_insecure_port(listen.grpc_target))
+        except RuntimeError:  # newer grpc raises where older ones returned 0
+            port = 0
         if port == 0:
             raise ConfigError(f"--listen {listen}: cannot bind (address in use or not permitted)")
         return port
