@@ -95,3 +95,29 @@ def test_a_closed_stream_does_not_raise():
 def test_bad_format_or_level_is_rejected(fmt, level):
     with pytest.raises(ValueError, match="must be"):
         Logger(io.StringIO(), fmt=fmt, level=level)
+
+
+def test_text_lines_show_non_ascii_as_is_and_never_split():
+    out = io.StringIO()
+    logger = Logger(out, fmt="text")
+    logger.warning(
+        "violation",
+        section="CSI v1.12 §CreateVolume",
+        word="§5",
+        fields={"name": "ünïcode §"},
+        message="line one\nline two",
+    )
+    (text,) = out.getvalue().splitlines()
+    assert 'section="CSI v1.12 §CreateVolume"' in text
+    assert " word=§5 " in text
+    assert 'fields={"name":"ünïcode §"}' in text
+    assert 'message="line one\\nline two"' in text
+    assert "\\u00" not in text
+
+
+def test_json_lines_keep_non_ascii_as_utf8():
+    out = io.StringIO()
+    logger = Logger(out)
+    logger.info("violation", section="CSI v1.12 §CreateVolume", huge=1 << 70)  # both encoders
+    logger.info("violation", section="CSI v1.12 §CreateVolume")
+    assert out.getvalue().count("§CreateVolume") == 2 and "\\u00a7" not in out.getvalue()

@@ -41,9 +41,14 @@ def _json_line(record: dict[str, Any]) -> str:
 
 
 def _text_value(value: Any) -> str:
+    """A value of a text line: as is when it is one word, else quoted as JSON. Non-ASCII
+    text is shown as it is (`§`, not `\\u00a7`); a line break or other control character
+    is escaped, so a value never splits the line."""
     if isinstance(value, str):
-        return json.dumps(value) if (not value or " " in value or '"' in value) else value
-    return json.dumps(value, separators=(",", ":"), default=str)
+        if value and value.isprintable() and " " not in value and '"' not in value:
+            return value
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), default=str, ensure_ascii=False)
 
 
 class Logger:
