@@ -1,5 +1,7 @@
 """The Kubernetes manifests in deploy/: valid objects, settings the CLI accepts, sockets,
-ports and paths that line up between containers, and a locked-down proxy container.
+ports and paths that line up between containers, and a locked-down proxy container that
+reaches its plugin the way `plugproxy inject` makes it: as the plugin's user, the plugin
+started as its image says.
 
 Everything runs offline: kubernetes-validate bundles the API schemas.
 """
@@ -21,7 +23,7 @@ import pytest
 import trustme
 import yaml
 
-from plugproxy import cli, options, preparedir, serve
+from plugproxy import cli, inject, options, preparedir, serve
 from plugproxy.endpoints import Scheme, parse_endpoint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -391,10 +393,14 @@ def test_kubelet_registration_path_is_the_proxy_socket_on_the_host(w: Workload) 
     assert flags["--kubelet-registration-path"] == posixpath.join(host_dir, relpath)
     # The registrar asks the proxy (GetPluginInfo) through the same socket.
     assert location(registrar, flags["--csi-address"]) == (volume, relpath)
-    # The host directory is given to the proxy's group before it starts.
+    # A non-root proxy gets the host directory given to its group before it starts; a root
+    # one creates its socket in kubelet's directory as it is.
     prepare = [c for c in w.pod.get("initContainers", []) if volume in mounters_of(c)]
-    assert prepare, "the host socket directory must be made writable for UID 65532"
-    assert_prepares(prepare[0], volume)
+    if w.proxy["securityContext"]["runAsUser"] == 0:
+        assert not prepare, "a root proxy needs no prepared directory"
+    else:
+        assert prepare, "the host socket directory must be made writable for the proxy"
+        assert_prepares(prepare[0], volume)
 
 
 def assert_prepares(init: dict[str, Any], volume: str) -> None:
@@ -454,15 +460,52 @@ def test_tls_material_comes_from_a_whole_secret_directory(w: Workload) -> None:
 # ------------------------------------------------------------------------------ security
 
 
+def plugin_container(w: Workload) -> dict[str, Any] | None:
+    """The container serving the proxy's upstream socket; None where no socket file is
+    shared with a plugin of the pod (a TCP upstream, a remote one over TLS)."""
+    upstream = parse_endpoint(proxy_env(w)["PLUGPROXY_UPSTREAM"])
+    if not upstream.is_unix:
+        return None
+    inner, _ = location(w.proxy, upstream.url)
+    (plugin,) = [c for c in w.containers if c is not w.proxy and inner in mounters_of(c)]
+    return plugin
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_the_proxy_runs_as_inject_would_run_it(w: Workload) -> None:
+    """One recipe: the proxy reaches the plugin's socket as the plugin's user (root with
+    DAC_OVERRIDE alone where the plugin's user is its image's), exactly as inject decides;
+    the image's user where no socket file is shared."""
+    plugin = plugin_container(w)
+    if plugin is None:
+        uid, keep = inject.UID, []
+    else:
+        uid, keep = inject.proxy_identity(inject.run_as_user(w.pod, plugin), None)
+    sc = w.proxy["securityContext"]
+    assert (sc["runAsUser"], sc["runAsNonRoot"]) == (uid, uid != 0)
+    assert sc["capabilities"].get("add", []) == keep
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_every_container_starts_as_its_image_says(w: Workload) -> None:
+    """No shell wrapper (`sh -c "umask ... && exec ..."`) around a plugin or anything else:
+    distroless and scratch images have no shell, and the plugin stays as its vendor ships
+    it."""
+    for container in [*w.pod.get("initContainers", []), *w.containers]:
+        command = [*container.get("command", []), *container.get("args", [])]
+        shells = ("sh", "bash", "/bin/sh", "/bin/bash")
+        assert not command or command[0] not in shells, container["name"]
+        assert not any("umask" in str(word) for word in command), container["name"]
+
+
 @pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
 def test_proxy_container_is_locked_down(w: Workload) -> None:
     sc = w.proxy["securityContext"]
-    assert sc["runAsNonRoot"] is True
-    assert isinstance(sc["runAsUser"], int) and sc["runAsUser"] > 0
+    assert isinstance(sc["runAsUser"], int)  # which one: test_the_proxy_runs_as_inject_would
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
-    assert "add" not in sc["capabilities"]
+    assert set(sc["capabilities"].get("add", [])) <= {"DAC_OVERRIDE"}
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert not sc.get("privileged", False)
     # A read-only root needs a writable /tmp of its own.

@@ -11,6 +11,8 @@ import io
 import pathlib
 import posixpath
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -600,7 +602,7 @@ def pod_doc(**changes: Any) -> str:
             (),
             "plugproxy.io/driver-container='nope' names no container",
         ),
-        ("kind: Pod\nspec:\n  containers: [unclosed\n", (), "-: document 1 is not valid YAML"),
+        ("kind: Pod\nspec:\n  containers: [unclosed\n", (), "stdin:4: not valid YAML: expected"),
         (pod_doc(), ("--proxy-user=root",), "--proxy-user 'root': expected a numeric UID"),
         (pod_doc(), ("--proxy-user=-1",), "--proxy-user '-1': expected a numeric UID"),
         (pod_doc(), ("--proxy-user=2147483648",), "expected a numeric UID, 0 to 2147483647"),
@@ -624,10 +626,41 @@ def test_missing_path_is_an_error(
     assert "no such file or directory" in err
 
 
+WEB = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web  # a comment\nspec:\n  containers:\n  - name: nginx\n    image: nginx\n"
+
+
+def beside_a_plugin(capsys: pytest.CaptureFixture[str], text: str) -> str:
+    """Inject `text` and a plugin's manifest in one run: exit 0, `text` kept byte for
+    byte at the head of the stream; stderr."""
+    code, out, err = run(capsys, "--image", IMAGE, "-", str(FIXTURES / "cmi.yaml"), stdin=text)
+    assert code == 0, err
+    assert out.startswith(text if text.endswith("\n") else text + "\n")
+    assert pods(out)["acme-machines"].container("plugproxy")
+    return err
+
+
 def test_a_pod_without_a_plugin_socket_passes_through(capsys: pytest.CaptureFixture[str]) -> None:
-    text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web  # a comment\nspec:\n  containers:\n  - name: nginx\n    image: nginx\n"
-    code, out, _ = run(capsys, "-", stdin=text)
-    assert (code, out) == (0, text)
+    err = beside_a_plugin(capsys, WEB)
+    assert "Pod/web" not in err  # an ordinary workload: counted, not listed
+    assert err.endswith("plugproxy inject: injected 1 of 2 workloads; 1 left unchanged\n")
+
+
+def test_input_without_a_plugin_is_nothing_to_inject(capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1, nothing on stdout, one line saying how inject recognises a plugin; and the
+    same answer from --remove on input with nothing to remove."""
+    for args in ((), ("--diff",), ("--remove",)):
+        code, out, err = run(capsys, *args, "-", stdin=WEB)
+        assert (code, out) == (1, ""), args
+        (line,) = err.splitlines()
+        verb = "remove" if "--remove" in args else "inject"
+        assert line.startswith(
+            f"plugproxy inject: error: nothing to {verb}: none of the 1 workloads read runs a "
+            "plugin; inject looks for a container given a plugin address (--endpoint, "
+        ), line
+        assert "--driver-container NAME" in line
+    code, out, err = run(capsys, "-", stdin="apiVersion: v1\nkind: ConfigMap\n")
+    assert (code, out) == (1, "")
+    assert "nothing to inject: no workload (Deployment, DaemonSet, Pod, ...) in the input" in err
 
 
 @pytest.mark.parametrize(
@@ -653,7 +686,7 @@ def test_a_pod_without_a_plugin_socket_passes_through(capsys: pytest.CaptureFixt
     ids=["tcp-listener", "host-socket-client", "unreachable"],
 )
 def test_look_alike_endpoints_are_not_plugins(
-    container: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    container: dict[str, Any], request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pod = {
         "apiVersion": "v1",
@@ -668,14 +701,30 @@ def test_look_alike_endpoints_are_not_plugins(
         },
     }
     text = yaml.safe_dump(pod)
-    code, out, _ = run(capsys, "-", stdin=text)
-    assert (code, out) == (0, text)
+    err = beside_a_plugin(capsys, text)
+    warnings = [line for line in err.splitlines() if "warning: Pod/p" in line]
+    if request.node.callspec.id == "unreachable":
+        # One of the specs' own addresses that nothing reaches: said, never silently passed.
+        assert warnings == [
+            "plugproxy inject: warning: Pod/p: left unchanged: lonely is given the CSI address "
+            "unix:///csi/csi.sock, but no other container dials it and it is in no hostPath "
+            "that kubelet reaches"
+        ]
+    else:
+        assert warnings == []  # generic flags that only look like an endpoint
+    code, out, err = run(capsys, "-", stdin=text)
+    assert (code, out) == (1, "")
+    assert "nothing to inject" in err
 
 
 def test_a_workload_can_opt_out(capsys: pytest.CaptureFixture[str]) -> None:
     text = pod_doc(metadata__annotations={"plugproxy.io/inject": "false"})
-    code, out, _ = run(capsys, "-", stdin=text)
+    code, out, err = run(capsys, "-", stdin=text)
     assert (code, out) == (0, text)
+    assert err == (
+        'plugproxy inject: Pod/default/hostpath-csi: opted out (plugproxy.io/inject: "false"), '
+        "left unchanged\nplugproxy inject: injected 0 of 1 workloads; 1 left unchanged\n"
+    )
 
 
 def test_the_plain_dict_api_matches_the_yaml_one(capsys: pytest.CaptureFixture[str]) -> None:
@@ -686,3 +735,263 @@ def test_the_plain_dict_api_matches_the_yaml_one(capsys: pytest.CaptureFixture[s
     assert outcome.changed
     from_cli = yaml.safe_load(injected_text(capsys, "pod-list.yaml"))["items"][0]
     assert pod == from_cli
+
+
+# ------------------------------------------------------------------------ what it says
+
+
+def test_the_summary_says_what_was_done_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """stdout is the manifest stream alone; stderr a line per workload changed (driver,
+    the socket the CO side now dials through the proxy, the driver's new socket, admin,
+    user and why), one per workload left as it was for a reason, and the count."""
+    sources = [FIXTURES / n for n in ("csi-node-env.yaml", "csi-node-nonroot.yaml", "cmi.yaml")]
+    code, out, err = run(capsys, "--image", IMAGE, *map(str, sources), "-", stdin=WEB)
+    assert code == 0, err
+    assert len(pods(out)) == 4 and "plugproxy inject" not in out
+    assert err.splitlines() == [
+        "plugproxy inject: DaemonSet/kube-system/acme-csi-node: injected: driver acme; the CO "
+        "side (liveness-probe, registrar) now dials unix:///csi/csi.sock through plugproxy; the "
+        "driver listens in the private volume plugproxy-upstream (unix:///plugin/csi.sock for "
+        "plugproxy); spec csi.v1; admin 0.0.0.0:9809; plugproxy runs as root with DAC_OVERRIDE "
+        "(the driver's user is not stated, so its image's, nearly always root)",
+        "plugproxy inject: DaemonSet/kube-system/info-csi-node: injected: driver info-driver; "
+        "the CO side (registrar) now dials unix:///run/csi/csi.sock through plugproxy; the "
+        "driver listens in the private volume plugproxy-upstream (unix:///plugin/csi.sock for "
+        "plugproxy); spec csi.v1; admin 0.0.0.0:9809; plugproxy runs as UID 1001 (the driver's "
+        "user); plugproxy-prepare-socket-dir gives /run/csi to group 65532 first",
+        "plugproxy inject: StatefulSet/acme-machines: injected: driver provider; the CO side "
+        "(machine-controller) now dials tcp://127.0.0.1:8080 through plugproxy; the driver "
+        "moved to tcp://127.0.0.1:8081; spec cmi.v1; admin 0.0.0.0:9808; plugproxy runs as "
+        "UID 65532 (TCP: no socket file to share with the driver)",
+        "plugproxy inject: injected 3 of 4 workloads; 1 left unchanged",
+    ]
+    # --quiet: the same manifests, no summary.
+    code, quiet_out, quiet_err = run(
+        capsys, "--quiet", "--image", IMAGE, *map(str, sources), "-", stdin=WEB
+    )
+    assert (code, quiet_out, quiet_err) == (0, out, "")
+
+
+def test_a_hostnetwork_admin_and_a_split_registrar_are_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "--image", IMAGE, str(FIXTURES / "helm-rendered.yaml"))
+    assert code == 0, err
+    lines = err.splitlines()
+    assert "; admin 127.0.0.1:9808 (hostNetwork: the node's loopback, not scraped); " in lines[0]
+    assert "the CO side (kubelet) now dials unix:///var/lib/kubelet/plugins/" in lines[0]
+    assert lines[1:] == [
+        "plugproxy inject: DaemonSet/acme-csi-registrar: left unchanged: only the CO side of "
+        "the socket csi.sock in volume socket-dir (registrar); the proxy goes into the pod of "
+        "the driver that serves it",
+        "plugproxy inject: injected 1 of 2 workloads; 1 left unchanged",
+    ]
+
+
+def test_already_injected_is_said_and_changes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    once = injected_text(capsys, "csi-node-env.yaml")
+    code, twice, err = run(capsys, "--image", IMAGE, "-", str(DEPLOY / "csi-node.yaml"), stdin=once)
+    assert code == 0, err
+    assert twice == once + "---\n" + (DEPLOY / "csi-node.yaml").read_text(encoding="utf-8")
+    assert err.splitlines() == [
+        "plugproxy inject: DaemonSet/kube-system/acme-csi-node: already injected, left unchanged",
+        "plugproxy inject: DaemonSet/example-csi-node: already injected, left unchanged: "
+        "plugproxy is there, not added by inject",
+        "plugproxy inject: injected 0 of 2 workloads; 2 left unchanged (2 already injected)",
+    ]
+    # --remove, twice: the second run finds it removed already, and succeeds alike.
+    code, removed, err = run(capsys, "--remove", "-", stdin=once)
+    assert code == 0, err
+    assert err.splitlines() == [
+        "plugproxy inject: DaemonSet/kube-system/acme-csi-node: removed: driver acme wired as "
+        "before",
+        "plugproxy inject: removed plugproxy from 1 of 1 workloads",
+    ]
+    code, again, err = run(capsys, "--remove", "-", stdin=removed)
+    assert (code, again) == (0, removed)
+    assert err.splitlines() == [
+        "plugproxy inject: DaemonSet/kube-system/acme-csi-node: not injected, left unchanged",
+        "plugproxy inject: removed plugproxy from 0 of 1 workloads; 1 left unchanged "
+        "(1 not injected)",
+    ]
+    # A hand-written proxy is not inject's to take out: said, and left.
+    code, out, err = run(capsys, "--remove", str(DEPLOY / "csi-node.yaml"))
+    assert (code, out) == (0, (DEPLOY / "csi-node.yaml").read_text(encoding="utf-8"))
+    assert err.splitlines()[0] == (
+        "plugproxy inject: warning: DaemonSet/example-csi-node: left unchanged: plugproxy was "
+        "not added by `plugproxy inject`, so --remove leaves it"
+    )
+
+
+def test_the_default_image_is_published_and_warned_about(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The image inject uses without --image is the one `make image` tags, named in
+    `--help` and on the page; the README's one-liner names an image, and a run without
+    --image says it used the default, which no registry serves."""
+    assert f"plugproxy:{inject.__version__}" == inject.DEFAULT_IMAGE
+    with pytest.raises(SystemExit):
+        cli.main(["inject", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"--image IMAGE plugproxy image to run (default: {inject.DEFAULT_IMAGE}," in help_text
+    assert "Exit status: 0 done; 1 nothing to inject" in help_text
+    page = (ROOT / "docs" / "injecting.md").read_text(encoding="utf-8")
+    assert f"| `--image` | plugproxy image; default `{inject.DEFAULT_IMAGE}`" in page
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    one_liners = [line for line in readme.splitlines() if "| plugproxy inject" in line]
+    assert one_liners
+    for line in [*one_liners, *(x for x in page.splitlines() if "| plugproxy inject" in x)]:
+        assert f"plugproxy inject --image {IMAGE} -" in line, line
+    code, out, err = run(capsys, str(FIXTURES / "cmi.yaml"))
+    assert code == 0, err
+    assert pods(out)["acme-machines"].container("plugproxy")["image"] == inject.DEFAULT_IMAGE
+    warning = (
+        f"plugproxy inject: warning: no --image given: the proxy runs {inject.DEFAULT_IMAGE}, "
+        "the local name `make image` builds"
+    )
+    assert err.startswith(warning)
+    code, _, err = run(capsys, "--quiet", str(FIXTURES / "cmi.yaml"))
+    assert code == 0 and err.startswith(warning) and len(err.splitlines()) == 1
+    code, _, err = run(capsys, "--image", IMAGE, str(FIXTURES / "cmi.yaml"))
+    assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "problem"),
+    [
+        # A ConfigMap, never parsed for a pod spec, is still checked: line 7 of the file.
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {}\n---\n"
+            "kind: ConfigMap\ndata:\n\tkey: value\n",
+            8,
+            "found character '\\t' that cannot start any token",
+        ),
+        ("kind: Pod\nspec:\n  containers: [unclosed\n", 4, "expected ',' or ']'"),
+        ("a: 1\n---\nkind: Pod\nspec:\n  containers:\n  - image: x\n    image: y\n", 7, "dup"),
+    ],
+    ids=["tab-in-a-configmap", "unclosed-flow", "duplicate-key"],
+)
+def test_broken_yaml_names_the_file_and_line_and_exits_2(
+    text: str, line: int, problem: str, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    path = tmp_path / "manifests" / "node.yaml"
+    path.parent.mkdir()
+    path.write_text(text)
+    (path.parent / "other.yaml").write_text((FIXTURES / "cmi.yaml").read_text())
+    for args in ((str(path.parent),), ("--diff", str(path.parent)), ("--remove", str(path))):
+        code, out, err = run(capsys, *args)
+        assert (code, out) == (2, ""), args
+        (single,) = err.splitlines()
+        assert single.startswith(f"plugproxy: error: {path}:{line}: not valid YAML: "), single
+        assert problem in single
+    assert (path.parent / "other.yaml").read_text() == (FIXTURES / "cmi.yaml").read_text()
+
+
+def test_a_file_that_is_not_text_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    path = tmp_path / "image.yaml"
+    path.write_bytes(b"kind: Pod\n\xff\xfe\n")
+    code, out, err = run(capsys, str(path))
+    assert (code, out) == (2, "")
+    assert err == f"plugproxy: error: {path}: not UTF-8 text (byte 10)\n"
+
+
+def plugproxy_command() -> list[str]:
+    return [sys.executable, "-m", "plugproxy"]
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: pathlib.Path) -> None:
+    """`plugproxy inject --diff manifests/ | head -1` through a real pipe: head's line,
+    nothing on stderr, and the status of a command killed by SIGPIPE (with pipefail)."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    source = (FIXTURES / "csi-node-env.yaml").read_text()
+    for i in range(40):  # a diff far larger than a pipe holds: the writer must block
+        (manifests / f"node-{i:02}.yaml").write_text(source.replace("acme-csi-node", f"n{i}"))
+    command = " ".join([*plugproxy_command(), "inject", "--image", IMAGE, "--diff"])
+    done = subprocess.run(
+        ["bash", "-c", f'set -o pipefail; {command} "$1" | head -1', "bash", str(manifests)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout == f"--- a/{manifests}/node-00.yaml\n"
+    assert done.stderr == ""
+    assert done.returncode == 141
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("inject", "--help"), ("--help",), ("inject", "--image", IMAGE, str(FIXTURES / "cmi.yaml"))],
+    ids=["inject-help", "help", "inject"],
+)
+def test_a_closed_stdout_ends_quietly(args: tuple[str, ...]) -> None:
+    """Whatever the command writes, a stdout nobody reads any more is no traceback."""
+    proc = subprocess.Popen(
+        [*plugproxy_command(), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before a byte is written
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    if "--help" in args:
+        assert code in (0, 141)  # argparse itself may drop help a closed pipe refuses
+    else:
+        assert (code, err) == (141, "")  # no summary after the output was cut short
+
+
+# ------------------------------------------------------------------------ the page
+
+
+def page_example() -> tuple[str, str, str]:
+    """The manifest, the diff and the summary of docs/injecting.md's step-by-step example."""
+    page = (ROOT / "docs" / "injecting.md").read_text(encoding="utf-8")
+    section = page.split("### A CSI node plugin, step by step\n", 1)[1].split("\n#### ", 1)[0]
+    blocks = {}
+    for kind in ("yaml", "diff", "text"):
+        found = re.search(rf"^```{kind}\n(.*?)^```$", section, re.S | re.M)
+        assert found, f"no {kind} block in the step-by-step example"
+        blocks[kind] = found[1]
+    return blocks["yaml"], blocks["diff"], blocks["text"]
+
+
+def test_the_pages_step_by_step_diff_is_what_inject_writes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The manual recipe is inject's own: the page's diff is generated by inject on the
+    page's manifest, so the two cannot contradict each other again."""
+    before, diff, said = page_example()
+    for doc in yaml.safe_load_all(before):
+        kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+    code, after, err = run(capsys, "--image", IMAGE, "-", stdin=before)
+    assert code == 0, err
+    made = "".join(
+        list(
+            difflib.unified_diff(
+                before.splitlines(keepends=True), after.splitlines(keepends=True), n=10**6
+            )
+        )[3:]  # ---, +++ and the one hunk's @@ line
+    )
+    assert diff == made, "docs/injecting.md's step-by-step diff is stale; inject writes:\n" + made
+    assert said == err
+    # The recipe the page explains: the driver untouched but for its mount, no wrapper, the
+    # proxy as the driver's (unstated, so root) user with DAC_OVERRIDE alone, no init
+    # container for a root proxy.
+    pod = pods(after)["example-csi-node"]
+    assert pod.container("example-csi-driver")["args"] == [
+        "--endpoint=$(CSI_ENDPOINT)",
+        "--nodeid=$(NODE_ID)",
+    ]
+    assert "command" not in pod.container("example-csi-driver")
+    security = pod.container("plugproxy")["securityContext"]
+    assert (security["runAsUser"], security["capabilities"]) == (0, DAC)
+    assert "initContainers" not in pod.spec
+    page = (ROOT / "docs" / "injecting.md").read_text(encoding="utf-8")
+    assert "umask 0007 && exec" not in page

@@ -250,6 +250,8 @@ CASES: dict[str, Case] = {
     ),
 }
 DEFAULTS = {"csi": "unix:///run/csi/socket", "cosi": "unix:///var/lib/cosi/cosi.sock"}
+# Driver sets with a plugin socket inject wires; the others are "nothing to inject".
+WIREABLE = sorted(d for d, c in CASES.items() if c.wired)
 
 
 def files(driver: str) -> list[pathlib.Path]:
@@ -297,7 +299,7 @@ def hostnetwork_ports(pod: Pod) -> set[int]:
 # ------------------------------------------------------------------------ the answers
 
 
-@pytest.mark.parametrize("driver", sorted(CASES))
+@pytest.mark.parametrize("driver", WIREABLE)
 def test_each_workload_is_wired_as_expected(
     driver: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -338,7 +340,7 @@ def test_each_workload_is_wired_as_expected(
                 assert pod.container(container["name"]) == container, container["name"]
 
 
-@pytest.mark.parametrize("driver", sorted(CASES))
+@pytest.mark.parametrize("driver", WIREABLE)
 def test_only_the_drivers_mount_or_address_line_changes(
     driver: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -351,7 +353,7 @@ def test_only_the_drivers_mount_or_address_line_changes(
         assert line.startswith(("name: ", "- name: ", "value: tcp://")), line
 
 
-@pytest.mark.parametrize("driver", sorted(CASES))
+@pytest.mark.parametrize("driver", WIREABLE)
 def test_admin_ports_and_binding(driver: str, capsys: pytest.CaptureFixture[str]) -> None:
     after = pods(injected(capsys, driver))
     node_ports: list[int] = []
@@ -419,7 +421,7 @@ def test_a_given_admin_address_on_one_hostnetwork_workload(
     assert proxy["livenessProbe"]["httpGet"]["host"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("driver", sorted(CASES))
+@pytest.mark.parametrize("driver", WIREABLE)
 def test_injected_output_validates(driver: str, capsys: pytest.CaptureFixture[str]) -> None:
     for doc in yaml.safe_load_all(injected(capsys, driver)):
         if doc:
@@ -427,7 +429,7 @@ def test_injected_output_validates(driver: str, capsys: pytest.CaptureFixture[st
                 kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("driver", sorted(CASES))
+@pytest.mark.parametrize("driver", WIREABLE)
 def test_in_place_twice_then_remove_restores_every_file(
     driver: str, capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
 ) -> None:
@@ -520,8 +522,39 @@ def test_ordinary_workloads_are_no_error(shape: str, capsys: pytest.CaptureFixtu
         spec = doc["spec"]["template"]["spec"]
         spec["containers"] = spec["containers"][:1]  # the registrar alone
         text = yaml.safe_dump(doc)
+    # Beside a plugin, they pass through byte for byte; no error.
+    cmi = DRIVERS / "cmi-example"
+    code, out, err = run(capsys, "--image", IMAGE, "-", str(cmi), stdin=text)
+    assert code == 0, err
+    assert out.startswith(text + "---\n")
+    assert "error" not in err and err.endswith("injected 1 of 2 workloads; 1 left unchanged\n")
+    if shape == "registrar-only":
+        assert (
+            "DaemonSet/csi-gce-pd-node: left unchanged: only the CO side of the socket csi.sock "
+            "in volume plugin-dir (csi-driver-registrar); the proxy goes into the pod of the "
+            "driver that serves it\n"
+        ) in err
+    # Alone, there is nothing to inject: exit 1, one line, nothing written.
     code, out, err = run(capsys, "-", stdin=text)
-    assert (code, out, err) == (0, text, "")
+    assert (code, out) == (1, "")
+    (line,) = err.splitlines()
+    assert line.startswith(
+        "plugproxy inject: error: nothing to inject: none of the 1 workloads read runs a plugin;"
+    )
+    assert "--driver-container" in line
+
+
+def test_a_driver_set_without_a_plugin_socket_is_nothing_to_inject(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """gardener-mcm links controller and provider in-process: no socket to put a proxy on.
+    Nothing to inject and nothing to remove are the same answer: exit 1, one line."""
+    for args in ((), ("--remove",), ("--diff",), ("-i",)):
+        code, out, err = run(capsys, *args, str(DRIVERS / "gardener-mcm"))
+        assert (code, out) == (1, ""), args
+        (line,) = err.splitlines()
+        verb = "remove" if args == ("--remove",) else "inject"
+        assert line.startswith(f"plugproxy inject: error: nothing to {verb}: none of the "), args
 
 
 # ------------------------------------------------------------------------ defaults and ports
@@ -630,8 +663,13 @@ def test_a_node_driver_without_any_address_is_refused(capsys: pytest.CaptureFixt
         "given a plugin address (--endpoint, CSI_ENDPOINT, --csi-address, ...); name it in "
         'the manifest, or opt out with the plugproxy.io/inject: "false" annotation'
     )
-    # Opted out, it passes as it is.
+    # Opted out, it passes as it is, and the summary says why.
     doc["spec"]["template"]["metadata"]["annotations"] = {"plugproxy.io/inject": "false"}
     text = yaml.safe_dump(doc)
     code, out, err = run(capsys, "-", stdin=text)
-    assert (code, out, err) == (0, text, "")
+    assert (code, out) == (0, text)
+    assert err == (
+        'plugproxy inject: DaemonSet/csi-gce-pd-node: opted out (plugproxy.io/inject: "false"), '
+        "left unchanged\n"
+        "plugproxy inject: injected 0 of 1 workloads; 1 left unchanged\n"
+    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +62,32 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a subcommand; its exit status. A reader that stops reading stdout early
+    (`plugproxy inject --diff ... | head`) ends it quietly, with the status of a command
+    killed by SIGPIPE (141), as the shell's own tools do."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe could not be handled
+    except BrokenPipeError:
+        return _stdout_closed()
+    except SystemExit:  # --help and --version: their text too may meet a closed pipe
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            return _stdout_closed()
+        raise
+    return code
+
+
+def _stdout_closed() -> int:
+    # What is still buffered goes nowhere at exit, instead of raising again there.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser(args)

@@ -23,6 +23,11 @@ as the driver's user (see :func:`proxy_identity`).
 
 Documents are edited with ruamel.yaml in round-trip mode; a document without a workload
 to change is written back as it was read, byte for byte.
+
+stdout carries only the manifests (or the diff); what was done goes to stderr: one line per
+workload changed, already injected or opted out, one per warning, and a count. Input that
+is not YAML is an error naming the file and line (exit 2); input in which no workload runs
+a plugin is "nothing to inject" (exit 1), and "nothing to remove" for --remove alike.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ TMP_VOLUME = "plugproxy-tmp"
 ADMIN_PORT_NAME = "plugproxy-admin"
 UID = 65532  # plugproxy's image user, and the pod group it adds
 MAX_UID = 2**31 - 1
+# What `make image` tags locally; no public registry serves it, so a cluster needs it pushed
+# somewhere and named with --image (docs/injecting.md, "The image").
 DEFAULT_IMAGE = f"plugproxy:{__version__}"
 # What earlier versions put before a driver's command (record "wrapped": true); only
 # --remove still needs it, to restore such a driver's command.
@@ -118,10 +125,32 @@ class InjectOptions:
     node_admin: bool = False  # on hostNetwork: admin on the node's addresses, for Prometheus
 
 
+# What became of a workload (Seen.status), for the summary on stderr.
+INJECTED = "injected"
+REMOVED = "removed"
+ALREADY = "already injected"  # has plugproxy: the record, or a hand-written proxy
+OPTED_OUT = "opted out"
+UNCHANGED = "unchanged"  # no plugin (detail says why where it looked like one)
+NOT_INJECTED = "not injected"  # --remove: a plugin without plugproxy
+HAND_WRITTEN = "hand-written"  # --remove: plugproxy there, but not added by inject
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One workload of the input and what became of it."""
+
+    who: str
+    status: str
+    detail: str = ""
+    # Why a workload with plugin-like addresses was left as it was: (text, is a warning).
+    notes: tuple[tuple[str, bool], ...] = ()
+
+
 @dataclass
 class Outcome:
     changed: bool = False
     warnings: list[str] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------ reading a pod spec
@@ -349,7 +378,11 @@ def plan(
     annotations: MutableMapping[str, Any],
     who: str,
     opts: InjectOptions,
+    notes: list[tuple[str, bool]] | None = None,
 ) -> Plan | None:
+    """The one plugin socket of the pod and its driver, or None. `notes` receives (text,
+    is a warning) for addresses that look like a plugin's but are not wired."""
+    notes = [] if notes is None else notes
     containers = list(pod.get("containers") or [])
     names = [str(c.get("name")) for c in containers]
     hint = annotations.get(DRIVER_HINT)
@@ -366,6 +399,14 @@ def plan(
             loc = location(c, ref.address)
             if loc is not None:
                 by_loc.setdefault(loc, []).append(ref)
+            elif ref.family and not ref.implied and not ARG_VAR.search(ref.address):
+                notes.append(
+                    (
+                        f"{names[i]} is given the {ref.family.upper()} address {ref.address}, "
+                        "which is on none of its volumes: no other container can reach it",
+                        True,
+                    )
+                )
     plans: list[Plan] = []
     for loc, refs in by_loc.items():
         clients = {r.container for r in refs if r.role == "client"}
@@ -373,11 +414,31 @@ def plan(
         if not serving:
             unnamed = _unnamed_server(pod, loc, refs, names, hint, who)
             if unnamed is None:
+                if not all(r.implied for r in refs):
+                    dialing = ", ".join(sorted({names[r.container] for r in refs}))
+                    notes.append(
+                        (
+                            f"only the CO side of {_describe(loc)} ({dialing}); the proxy "
+                            "goes into the pod of the driver that serves it",
+                            False,
+                        )
+                    )
                 continue  # only CO sides here: the plugin is in another pod
             serving = [unnamed]
         alone = len({r.container for r in [*refs, *serving]}) == 1
         if alone and (refs[0].implied or not _served_to_the_node(pod, loc, refs)):
-            continue  # nobody else names it: a flag that only looks like a plugin endpoint
+            # Nobody else names it: a flag that only looks like a plugin endpoint, unless
+            # it is one of the specs' own addresses.
+            if refs[0].family and not refs[0].implied:
+                notes.append(
+                    (
+                        f"{names[refs[0].container]} is given the {refs[0].family.upper()} "
+                        f"address {refs[0].address}, but no other container dials it and it "
+                        "is in no hostPath that kubelet reaches",
+                        True,
+                    )
+                )
+            continue
         strong = [r for r in serving if r.role == "server"]
         if not strong and loc[0] == "tcp":
             strong = [r for r in serving if int(loc[1]) in declared_ports(containers[r.container])]
@@ -640,13 +701,27 @@ def inject_pod(
     """Inject into one pod spec in place (its metadata carries the annotations); `ports`
     holds the node ports of the manifest set it belongs to."""
     annotations = meta.get("annotations") or {}
-    if RECORD in annotations or has_proxy(pod) or annotations.get(OPT_IN) == "false":
+    if RECORD in annotations or has_proxy(pod):
+        how = "" if RECORD in annotations else "plugproxy is there, not added by inject"
+        outcome.seen.append(Seen(who, ALREADY, how))
         return
-    p = plan(pod, annotations, who, opts)
+    if annotations.get(OPT_IN) == "false":
+        outcome.seen.append(Seen(who, OPTED_OUT))
+        return
+    skipped: list[tuple[str, bool]] = []
+    p = plan(pod, annotations, who, opts, skipped)
     if p is None:
+        outcome.seen.append(Seen(who, UNCHANGED, notes=tuple(skipped)))
         return
     containers = pod["containers"]
     driver = containers[p.driver]
+    co_side = sorted(
+        {
+            str(c.get("name"))
+            for i, c in enumerate(containers)
+            if i != p.driver and any(location(c, r.address) == p.loc for r in all_refs(i, c))
+        }
+    )
     record: dict[str, Any] = {"driver": str(driver["name"]), "added": []}
     added: list[str] = record["added"]
 
@@ -702,8 +777,9 @@ def inject_pod(
 
     # Who plugproxy runs as: over a socket, the driver's user; over TCP nothing on disk is
     # shared, and the image's own user will do.
+    driver_uid = run_as_user(pod, driver)
     if p.loc[0] == "unix":
-        proxy_uid, keep = proxy_identity(run_as_user(pod, driver), opts.proxy_user)
+        proxy_uid, keep = proxy_identity(driver_uid, opts.proxy_user)
     else:
         proxy_uid, keep = (UID if opts.proxy_user is None else opts.proxy_user), []
 
@@ -785,6 +861,7 @@ def inject_pod(
     }
     containers.insert(0, _convert(pod, proxy))
 
+    prepared = ""  # the host directory an init container gives to the proxy's group
     volumes = pod.get("volumes")
     if volumes is None:
         volumes = _new_seq(pod)
@@ -826,6 +903,7 @@ def inject_pod(
                 _put(pod, "initContainers", inits, before=("containers",))
                 added.append("initContainers")
             inits.append(_convert(pod, prepare))
+            prepared = f"; {PREPARE} gives {target} to group {run_group} first"
     volumes.append(_convert(pod, {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}))
 
     if meta.get("annotations") is None:
@@ -839,17 +917,56 @@ def inject_pod(
     notes[RECORD] = json.dumps(record, separators=(",", ":"), sort_keys=True)
     outcome.changed = True
 
+    # The summary line: what a reviewer of the change wants to know first.
+    if opts.proxy_user is not None:
+        why = "--proxy-user"
+    elif p.loc[0] == "tcp":
+        why = "TCP: no socket file to share with the driver"
+    elif driver_uid is None:
+        why = "the driver's user is not stated, so its image's, nearly always root"
+    else:
+        why = "the driver's user"
+    user = "root" if proxy_uid == 0 else f"UID {proxy_uid}"
+    if keep:
+        user += " with " + ", ".join(keep)
+    moved = (
+        f"listens in the private volume {INNER_VOLUME} ({upstream} for plugproxy)"
+        if p.loc[0] == "unix"
+        else f"moved to {upstream}"
+    )
+    admin = f"{admin_host}:{admin_port}"
+    if probe_host:
+        admin += " (hostNetwork: the node's loopback, not scraped)"
+    outcome.seen.append(
+        Seen(
+            who,
+            INJECTED,
+            f"driver {driver['name']}; the CO side ({', '.join(co_side) or 'kubelet'}) now "
+            f"dials {listen} through plugproxy; the driver {moved}; spec {spec}; admin {admin}; "
+            f"plugproxy runs as {user} ({why}){prepared}",
+        )
+    )
+
 
 def remove_pod(
-    pod: MutableMapping[str, Any], meta: MutableMapping[str, Any], who: str, outcome: Outcome
+    pod: MutableMapping[str, Any],
+    meta: MutableMapping[str, Any],
+    who: str,
+    outcome: Outcome,
+    opts: InjectOptions | None = None,
 ) -> None:
     """Undo :func:`inject_pod` from its record."""
     annotations = meta.get("annotations") or {}
     if RECORD not in annotations:
         if has_proxy(pod):
-            outcome.warnings.append(
-                f"{who}: plugproxy was not added by `plugproxy inject`; left as it is"
-            )
+            note = ("plugproxy was not added by `plugproxy inject`, so --remove leaves it", True)
+            outcome.seen.append(Seen(who, HAND_WRITTEN, notes=(note,)))
+        elif annotations.get(OPT_IN) == "false":
+            outcome.seen.append(Seen(who, OPTED_OUT))
+        elif _is_plugin(pod, annotations, who, opts or InjectOptions()):
+            outcome.seen.append(Seen(who, NOT_INJECTED))  # removed already, as it were
+        else:
+            outcome.seen.append(Seen(who, UNCHANGED))
         return
     try:
         record = json.loads(annotations[RECORD])
@@ -890,6 +1007,20 @@ def remove_pod(
     if "annotations" in added and not annotations:
         del meta["annotations"]
     outcome.changed = True
+    outcome.seen.append(Seen(who, REMOVED, f"driver {record['driver']} wired as before"))
+
+
+def _is_plugin(
+    pod: MutableMapping[str, Any],
+    annotations: MutableMapping[str, Any],
+    who: str,
+    opts: InjectOptions,
+) -> bool:
+    """Whether inject would take the pod for a plugin's (wire it, or refuse it as one)."""
+    try:
+        return plan(pod, annotations, who, opts) is not None
+    except InjectError:
+        return True
 
 
 def _drop(items: MutableSequence[Any], name: str) -> None:
@@ -943,7 +1074,7 @@ def transform(
             meta = _new_map(holder)  # attached only if something goes in it
         assert isinstance(meta, MutableMapping)
         if remove:
-            remove_pod(pod, meta, who, outcome)
+            remove_pod(pod, meta, who, outcome, opts)
             if not meta and not detached and isinstance(holder, CommentedMap):
                 del holder["metadata"]  # it held only what injection had put there
         else:
@@ -1004,24 +1135,47 @@ class _Chunk:
     doc: Any = None  # parsed, where it may hold a pod spec
 
 
+def _label(source: str) -> str:
+    return "stdin" if source == "-" else source
+
+
+def _not_yaml(exc: YAMLError, source: str, first_line: int) -> ConfigError:
+    """One line naming the file and the line (counted in the whole file) of the error."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    where = f"{_label(source)}:{first_line + mark.line}" if mark is not None else _label(source)
+    context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and opened is not None and opened is not mark:
+        problem += f" ({context} at line {first_line + opened.line})"
+    return ConfigError(f"{where}: not valid YAML: {problem}")
+
+
 def _parse(text: str, source: str) -> list[_Chunk]:
     loader = _yaml()
     chunks = []
-    for number, raw in enumerate(split_documents(text), start=1):
+    line = 1  # of the file, where the chunk starts
+    for raw in split_documents(text):
         chunk = _Chunk(raw)
         chunks.append(chunk)
+        start, line = line, line + raw.count("\n")
         if "containers" not in raw:
-            continue  # no pod spec in it (CRDs, RBAC, ConfigMaps): not even parsed
+            # No pod spec in it (CRDs, RBAC, ConfigMaps): its syntax is checked, no more.
+            try:
+                for _ in loader.parse(raw):
+                    pass
+            except YAMLError as exc:
+                raise _not_yaml(exc, source, start) from None
+            continue
         chunk.body = raw
         if DOC_START.match(raw):
             head, _, body = raw.partition("\n")
             if head.strip() == "---":  # `--- {a: 1}`: content on the marker line; rare
                 chunk.head, chunk.body = head + "\n", body
+                start += 1
         try:
             chunk.doc = loader.load(chunk.body)
         except YAMLError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise ConfigError(f"{source}: document {number} is not valid YAML: {first}") from None
+            raise _not_yaml(exc, source, start) from None
     return chunks
 
 
@@ -1077,10 +1231,20 @@ def _keep_original_lines(original: str, dumped: str) -> str:
     return text if same else dumped
 
 
+@dataclass
+class Result:
+    """What one run made of a manifest set."""
+
+    texts: list[str] = field(default_factory=list)  # one per source, in order
+    warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # workloads that cannot be wired
+    seen: list[Seen] = field(default_factory=list)  # every workload, in order
+
+
 def transform_texts(
     sources: Sequence[tuple[str, str]], opts: InjectOptions, remove: bool = False
-) -> tuple[list[str], list[str], list[str]]:
-    """(texts, warnings, errors) for (text, source name) pairs that form one manifest set:
+) -> Result:
+    """Inject into (or remove from) (text, source name) pairs that form one manifest set:
     every workload changed; documents left alone keep their bytes. Admin ports are chosen
     across the whole set, so that its hostNetwork workloads never collide on a node."""
     parsed = [_parse(text, source) for text, source in sources]
@@ -1088,9 +1252,8 @@ def transform_texts(
     for chunk in itertools.chain.from_iterable(parsed):
         for pod, _, _ in pods_of(chunk.doc):
             ports.scan(pod)
-    texts: list[str] = []
-    warnings: list[str] = []
-    errors: list[str] = []
+    result = Result()
+    texts, warnings, errors = result.texts, result.warnings, result.errors
     for chunks in parsed:
         out = []
         for chunk in chunks:
@@ -1103,6 +1266,7 @@ def transform_texts(
                 errors.append(str(exc))
                 continue
             warnings += outcome.warnings
+            result.seen += outcome.seen
             changed = outcome.changed
             if changed:
                 dumped = _keep_original_lines(chunk.body, _dump(chunk.doc, chunk.body))
@@ -1110,17 +1274,18 @@ def transform_texts(
             else:
                 out.append(chunk.text)
         texts.append("".join(out))
-    return texts, warnings, errors
+    return result
 
 
 def transform_text(
     text: str, source: str, opts: InjectOptions, remove: bool = False
 ) -> tuple[str, list[str]]:
     """One text as a manifest set of its own; any workload that cannot be wired raises."""
-    (out,), warnings, errors = transform_texts([(text, source)], opts, remove)
-    if errors:
-        raise InjectError("; ".join(errors))
-    return out, warnings
+    result = transform_texts([(text, source)], opts, remove)
+    if result.errors:
+        raise InjectError("; ".join(result.errors))
+    (out,) = result.texts
+    return out, result.warnings
 
 
 # ------------------------------------------------------------------------ command line
@@ -1129,7 +1294,9 @@ def transform_text(
 def add_injection_arguments(parser: argparse.ArgumentParser) -> None:
     """What the injected proxy looks like: shared by `inject` and `webhook`."""
     parser.add_argument(
-        "--image", default=DEFAULT_IMAGE, help="plugproxy image to run (default: %(default)s)"
+        "--image",
+        help=f"plugproxy image to run (default: {DEFAULT_IMAGE}, the local name `make image` "
+        "builds; no public registry serves it, so push it and name it here)",
     )
     parser.add_argument(
         "--validation",
@@ -1178,6 +1345,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the container serving the plugin socket, where the manifests do not say",
     )
     parser.add_argument("--remove", action="store_true", help="take injected plugproxy out again")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no summary on stderr (warnings and errors are still written)",
+    )
+    parser.description = (
+        "Add plugproxy to the workloads of Kubernetes manifests that run a plugin. stdout "
+        "carries the manifests (or the diff) only; stderr a line per workload injected, "
+        "already injected or opted out, one per warning, and a count."
+    )
+    parser.epilog = (
+        "Exit status: 0 done; 1 nothing to inject (no workload runs a plugin; with --remove, "
+        "none has plugproxy added by inject); 2 an error (input that is not YAML, a workload "
+        "that cannot be wired, a bad flag), and nothing is written. docs/injecting.md has "
+        "the details."
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--diff", action="store_true", help="print a unified diff instead of the manifests"
@@ -1213,7 +1397,7 @@ def parse_proxy_user(raw: str | None) -> int | None:
 def options_from(ns: argparse.Namespace) -> InjectOptions:
     check_serve_args(ns.serve_args)
     return InjectOptions(
-        ns.image,
+        DEFAULT_IMAGE if ns.image is None else ns.image,
         ns.validation,
         tuple(ns.serve_args),
         getattr(ns, "driver_container", None),  # `webhook` reads it from the pod
@@ -1247,27 +1431,119 @@ async def run(ns: argparse.Namespace) -> int:
     return run_sync(ns)
 
 
+def read_source(name: str) -> str:
+    try:
+        return sys.stdin.read() if name == "-" else pathlib.Path(name).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{_label(name)}: not UTF-8 text (byte {exc.start})") from None
+
+
+# How inject recognises a plugin, for the "nothing to inject" error.
+HOW_FOUND = (
+    "a container given a plugin address (--endpoint, --csi-endpoint, CSI_ENDPOINT, "
+    "COSI_ENDPOINT, CMI_ENDPOINT) that another container dials (--csi-address) or kubelet "
+    "reaches in a hostPath; where the manifests do not say which container serves the "
+    'socket, name it with --driver-container NAME (docs/injecting.md, "How it finds the '
+    'plugin")'
+)
+
+
+def nothing_to_do(seen: Sequence[Seen], remove: bool) -> str | None:
+    """The one-line error for input that holds nothing inject acts on, or None.
+
+    Inject and --remove answer alike: input with no plugin workload at all (none to wire,
+    none wired already, none opted out) is nothing to do, exit 1. A plugin already in the
+    state asked for (injected, for inject; not injected, for --remove) is no error: running
+    either twice changes nothing and succeeds."""
+    relevant = (
+        (REMOVED, HAND_WRITTEN, NOT_INJECTED, OPTED_OUT)
+        if remove
+        else (INJECTED, ALREADY, OPTED_OUT)
+    )
+    if any(s.status in relevant for s in seen):
+        return None
+    read = (
+        f"none of the {len(seen)} workloads read runs a plugin"
+        if seen
+        else "no workload (Deployment, DaemonSet, Pod, ...) in the input"
+    )
+    return f"nothing to {'remove' if remove else 'inject'}: {read}; inject looks for {HOW_FOUND}"
+
+
+# How the summary names a workload left as it was, by its status.
+LEFT = {
+    ALREADY: "already injected, left unchanged",
+    NOT_INJECTED: "not injected, left unchanged",
+    OPTED_OUT: f'opted out ({OPT_IN}: "false"), left unchanged',
+    UNCHANGED: "left unchanged",
+    HAND_WRITTEN: "left unchanged",
+}
+
+
+def summary(seen: Sequence[Seen], remove: bool, default_image: bool) -> tuple[list[str], list[str]]:
+    """(lines, warnings) for stderr: a line per workload changed, already in the state
+    asked for or opted out, then the count; warnings for what looked like a plugin but is
+    not wired, and for choices made on the user's behalf."""
+    lines: list[str] = []
+    warnings: list[str] = []
+    for s in seen:
+        if s.status in (INJECTED, REMOVED):
+            lines.append(f"{s.who}: {s.status}: {s.detail}")
+        elif s.status != UNCHANGED and not s.notes:
+            lines.append(f"{s.who}: {LEFT[s.status]}" + (f": {s.detail}" if s.detail else ""))
+        for text, warn in s.notes:
+            (warnings if warn else lines).append(f"{s.who}: {LEFT[s.status]}: {text}")
+    if default_image and any(s.status == INJECTED for s in seen):
+        warnings.append(
+            f"no --image given: the proxy runs {DEFAULT_IMAGE}, the local name `make image` "
+            "builds, which no public registry serves; push it to your registry and pass "
+            "--image REGISTRY/plugproxy:TAG"
+        )
+    done = sum(s.status in (INJECTED, REMOVED) for s in seen)
+    same = sum(s.status == (NOT_INJECTED if remove else ALREADY) for s in seen)
+    count = f"{'removed plugproxy from' if remove else 'injected'} {done} of {len(seen)} workloads"
+    if len(seen) > done:
+        count += f"; {len(seen) - done} left unchanged"
+        if same:
+            count += f" ({same} {'not injected' if remove else 'already injected'})"
+    lines.append(count)
+    return lines, warnings
+
+
 def run_sync(ns: argparse.Namespace) -> int:
     opts = options_from(ns)
     files = input_files(ns.paths)
     if ns.in_place and "-" in files:
         raise ConfigError("--in-place needs files, not stdin")
-    sources = [
-        (sys.stdin.read() if name == "-" else pathlib.Path(name).read_text(encoding="utf-8"), name)
-        for name in files
-    ]
-    texts, warnings, errors = transform_texts(sources, opts, ns.remove)
-    results = [(name, text, new) for (text, name), new in zip(sources, texts, strict=True)]
-    for line in warnings:
+    sources = [(read_source(name), name) for name in files]
+    result = transform_texts(sources, opts, ns.remove)
+    results = [(name, text, new) for (text, name), new in zip(sources, result.texts, strict=True)]
+    for line in result.warnings:
         print(f"plugproxy inject: warning: {line}", file=sys.stderr)
-    if errors:
+    if result.errors:
         # Nothing is written when any workload cannot be wired: never half an injection.
-        for line in errors:
+        for line in result.errors:
             print(f"plugproxy inject: error: {line}", file=sys.stderr)
         return 2
+    nothing = nothing_to_do(result.seen, ns.remove)
+    if nothing is not None:
+        print(f"plugproxy inject: error: {nothing}", file=sys.stderr)
+        return 1
+    code = write_results(ns, results)
+    lines, warnings = summary(result.seen, ns.remove, ns.image is None)
+    for line in warnings:
+        print(f"plugproxy inject: warning: {line}", file=sys.stderr)
+    if not ns.quiet:
+        for line in lines:
+            print(f"plugproxy inject: {line}", file=sys.stderr)
+    return code
+
+
+def write_results(ns: argparse.Namespace, results: Sequence[tuple[str, str, str]]) -> int:
+    """The manifests, the diff or the files: (source name, text read, text made) each."""
     if ns.diff:
         for name, old, new in results:
-            label = "stdin" if name == "-" else name
+            label = _label(name)
             sys.stdout.writelines(
                 difflib.unified_diff(
                     old.splitlines(keepends=True),
