@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import socket
 from typing import Any
 
 import grpc
@@ -17,7 +19,7 @@ from plugproxy.api import StatusCode, UpstreamError, UpstreamState
 from plugproxy.endpoints import parse_endpoint
 from plugproxy.log import Logger
 from plugproxy.relay.grpcrelay import GrpcUpstream
-from plugproxy.upstream import Upstream
+from plugproxy.upstream import Upstream, answer_margin, deadline_ran_out
 from tests.support import wait_until
 from tests.test_stages_metrics import ScriptedPlugin, start_plugin
 
@@ -133,3 +135,86 @@ async def test_a_socket_that_is_not_an_http2_server_is_never_up(tmp_path, make_u
     finally:
         await upstream.close()
         server.close()
+
+
+def _stale_socket(path: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.close()  # the file stays; nothing listens
+
+
+# What is at the upstream path -> how the log, /readyz and a waiting call's UNAVAILABLE say
+# why the plugin cannot be reached (and whether the log adds the typo hint).
+WHY_DOWN = {
+    "missing directory": ("directory {dir}/plugn does not exist", True),
+    "regular file": ("not a socket (a regular file)", True),
+    "directory": ("not a socket (a directory)", True),
+    "nothing yet": ("no socket file (the plugin is not listening)", False),
+    "stale socket": ("connection refused (a socket file, but nothing listens on it)", False),
+}
+
+
+@pytest.mark.parametrize("case", list(WHY_DOWN))
+async def test_why_the_plugin_is_unreachable_is_said_in_one_set_of_words(
+    tmp_path, make_upstream, case
+):
+    path = str(tmp_path / "plugin.sock")
+    if case == "missing directory":
+        path = str(tmp_path / "plugn" / "plugin.sock")
+    elif case == "regular file":
+        (tmp_path / "plugin.sock").write_text("")
+    elif case == "directory":
+        (tmp_path / "plugin.sock").mkdir()
+    elif case == "stale socket":
+        _stale_socket(path)
+    words, hinted = WHY_DOWN[case]
+    expected = words.format(dir=tmp_path)
+    out = io.StringIO()
+    upstream = make_upstream(path, out)
+    upstream.start()
+    try:
+        await wait_until(lambda: "upstream not reachable yet" in out.getvalue())
+        assert upstream.reason == expected
+        assert upstream.is_down()
+        await asyncio.sleep(0.5)  # redials say nothing more while the reason stays
+        (line,) = [json.loads(x) for x in out.getvalue().splitlines()]
+        assert line["event"] == "upstream not reachable yet"
+        assert line["reason"] == expected
+        assert ("typo" in line.get("hint", "")) is (case == "missing directory")
+        assert ("hint" in line) is hinted
+        assert upstream.unreachable_details(upstream.reason, 0.5, True) == (
+            f"plugproxy: plugin unreachable: upstream unix://{path}: {expected}; "
+            "waited 0.5 s, answered just before the call's deadline"
+        )
+    finally:
+        await upstream.close()
+
+
+async def test_the_reason_follows_the_path_while_the_state_stays_down(tmp_path, make_upstream):
+    directory = tmp_path / "plugins"
+    path = str(directory / "plugin.sock")
+    upstream = make_upstream(path, io.StringIO())
+    upstream.start()
+    try:
+        await wait_until(upstream.is_down)
+        assert upstream.reason == f"directory {directory} does not exist"
+        directory.mkdir()  # the driver made its directory; it does not listen yet
+        assert upstream.reason == "no socket file (the plugin is not listening)"
+        server = await start_plugin(path, ScriptedPlugin())
+        assert await upstream.wait_ready(5)
+        assert upstream.reason == "ready"
+        await server.stop(0)
+    finally:
+        await upstream.close()
+
+
+def test_a_waiting_call_is_answered_a_little_before_its_deadline():
+    assert answer_margin(30.0) == pytest.approx(0.1)
+    assert answer_margin(1.0) == pytest.approx(0.1)
+    assert answer_margin(0.2) == pytest.approx(0.02)  # a tenth of a short deadline
+    assert answer_margin(0.0) == 0.0
+    # A CO's reset within that margin of its deadline is the deadline, not a cancellation.
+    assert deadline_ran_out(0.05, 1.0)
+    assert deadline_ran_out(-0.01, 1.0)
+    assert not deadline_ran_out(0.5, 1.0)
+    assert not deadline_ran_out(None, None)

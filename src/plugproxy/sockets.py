@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
 import stat
@@ -136,24 +137,79 @@ def socket_identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISSOCK(st.st_mode) else None
 
 
-def describe_connect_error(path: str) -> str:
-    """Why a UNIX socket cannot be reached, in a few words (for logs and readiness)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(0.5)
+def path_problem(path: str) -> str | None:
+    """What keeps a UNIX socket path from ever answering, seen in the file system alone: a
+    missing directory (most often a typo) or something other than a socket at the path.
+    None when a socket, or nothing yet, is there."""
+    directory = os.path.dirname(path) or "."
     try:
-        sock.connect(path)
-    except OSError as exc:
-        return os.strerror(exc.errno) if exc.errno else str(exc)
-    else:
-        return "accepts connections but gRPC is not serving"
-    finally:
-        sock.close()
+        st = os.stat(path)
+    except FileNotFoundError:
+        if not os.path.isdir(directory):
+            if os.path.exists(directory):
+                return f"{directory} is not a directory"
+            return f"directory {directory} does not exist"
+        if os.path.islink(path):
+            return f"not a socket (a symlink to {os.readlink(path)}, which does not exist)"
+        return None
+    except NotADirectoryError:
+        return f"{directory} is not a directory"
+    except OSError:
+        return None  # e.g. no permission to look: connecting says more
+    if stat.S_ISSOCK(st.st_mode):
+        return None
+    return f"not a socket ({_file_kind(st.st_mode)})"
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "a device or special file"
+
+
+# Connect errors in the words the state log, /readyz and UNAVAILABLE messages share.
+_CONNECT_ERRORS = {
+    errno.ENOENT: "no socket file (the plugin is not listening)",
+    errno.ECONNREFUSED: "connection refused (a socket file, but nothing listens on it)",
+    errno.EACCES: "permission denied (the proxy may not connect to the socket)",
+    errno.EPERM: "permission denied (the proxy may not connect to the socket)",
+}
+
+
+def describe_connect_error(path: str, error: int | None = None) -> str:
+    """Why the UNIX socket at ``path`` cannot be reached, in a few words (for the state log,
+    readiness and the UNAVAILABLE a call gets). ``error`` is the errno a connect attempt
+    failed with; without it, a non-blocking connect finds out."""
+    problem = path_problem(path)
+    if problem is not None:
+        return problem
+    if error is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)  # never waits: read on the event loop and the admin thread
+        try:
+            sock.connect(path)
+        except BlockingIOError:
+            return "the plugin does not accept connections (its socket's backlog is full)"
+        except OSError as exc:
+            error = exc.errno or 0
+            if not error:
+                return str(exc)
+        else:
+            return "accepts connections but gRPC is not serving"
+        finally:
+            sock.close()
+    return _CONNECT_ERRORS.get(error) or os.strerror(error)
 
 
 __all__ = [
     "ListenPathBusy",
     "ListenSocket",
     "describe_connect_error",
+    "path_problem",
     "prepare_listen_path",
     "restrict_socket",
     "socket_answers",

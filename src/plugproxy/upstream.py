@@ -23,7 +23,7 @@ from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
 from plugproxy.relay.hpackcodec import Header
 from plugproxy.relay.limits import DEFAULT_LIMITS
-from plugproxy.sockets import describe_connect_error
+from plugproxy.sockets import describe_connect_error, path_problem
 
 # Redial at once, then back off to at most 0.8 s (as the gRPC relay's channel is set up):
 # a plugin back on its socket is seen as up in under a second.
@@ -32,6 +32,38 @@ FIRST_RETRY, MAX_RETRY = 0.1, 0.8
 # backoff, not at once: a socket that accepts and closes must not make the proxy spin.
 STABLE_SECONDS = 1.0
 HANDSHAKE_SECONDS = 10.0  # how long a connected plugin may take to send its SETTINGS
+
+# A call waiting for a plugin that is down is answered this long before its own deadline
+# (at most ANSWER_MARGIN_SECONDS, and a tenth of a short timeout): a gRPC client ends a
+# call at its deadline by itself (a bare DEADLINE_EXCEEDED and RST_STREAM), so an answer
+# sent at the deadline never reaches the caller, which would learn nothing of the cause.
+# The answer is UNAVAILABLE, not DEADLINE_EXCEEDED: the call never reached the plugin, and
+# UNAVAILABLE is the code that says so (gRPC's "transient, retry"; csi-lib-utils and the
+# CSI sidecars retry it as they do a deadline). The same margin tells a CO's RST_STREAM at
+# its deadline from a real cancellation (deadline_ran_out).
+ANSWER_MARGIN_SECONDS = 0.1
+ANSWER_MARGIN_FRACTION = 0.1
+NOT_CONNECTED = "not connected yet"
+START_HINTS = {
+    "directory": "check --upstream for a typo: a plugin's socket directory normally exists "
+    "before its containers start; waiting in case the plugin creates it",
+    "not a socket": "check --upstream: something other than the plugin's socket is at that "
+    "path; waiting in case the plugin replaces it",
+}
+
+
+def answer_margin(timeout: float) -> float:
+    """How long before its deadline a call of ``timeout`` seconds that waits for the plugin
+    is answered."""
+    return max(0.0, min(ANSWER_MARGIN_SECONDS, ANSWER_MARGIN_FRACTION * timeout))
+
+
+def deadline_ran_out(remaining: float | None, timeout: float | None) -> bool:
+    """Whether a call ended by its caller with ``remaining`` seconds left of ``timeout``
+    ended at its deadline: gRPC clients reset the stream themselves when it passes."""
+    if remaining is None or timeout is None:
+        return False
+    return remaining <= answer_margin(timeout)
 
 
 class Upstream:
@@ -48,7 +80,7 @@ class Upstream:
         self._logger = logger
         self.max_message_bytes = max_message_bytes
         self._state = UpstreamState.DOWN
-        self._reason = "not connected yet"
+        self._reason = NOT_CONNECTED
         self._watcher: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[UpstreamState], None]] = []
         self._ready = asyncio.Event()
@@ -66,8 +98,15 @@ class Upstream:
 
     @property
     def reason(self) -> str:
+        """Why the plugin cannot be reached, found when asked (readiness, UNAVAILABLE
+        messages): the words of the state log, and never stale while the state stays DOWN
+        (gRPC's channel reports no new state between its redials)."""
+        if self._state is not UpstreamState.DOWN or self._reason == NOT_CONNECTED:
+            return self._reason
+        if self.endpoint.is_unix:
+            return describe_connect_error(self.endpoint.path)
         # Read when asked: grpc reports a handshake failure just after the state changed.
-        if self._state is UpstreamState.DOWN and self.tls_hint is not None:
+        if self.tls_hint is not None:
             hint = self.tls_hint("")
             if hint:
                 return f"{self._reason}: {hint}"
@@ -100,15 +139,23 @@ class Upstream:
     def channel_is_ready(self) -> bool:
         return self._state is UpstreamState.UP
 
-    def _why_down(self) -> str:
+    def is_down(self) -> bool:
+        """Known to be unreachable: DOWN after a connection attempt (not before the first)."""
+        return self._state is UpstreamState.DOWN and self._reason != NOT_CONNECTED
+
+    def describe_failure(self, error: OSError | None = None) -> str:
+        """Why a connection to the plugin failed (``error``: the dial's), in the words
+        of the state log, /readyz and the UNAVAILABLE a waiting call gets."""
         if self.endpoint.is_unix:
-            return describe_connect_error(self.endpoint.path)
+            return describe_connect_error(self.endpoint.path, error.errno if error else None)
+        if error is not None and error.strerror:
+            return error.strerror[:1].lower() + error.strerror[1:]
         return "connection failed"
 
-    def _set(self, state: UpstreamState) -> None:
-        if state is self._state and self._reason != "not connected yet":
+    def _set(self, state: UpstreamState, error: OSError | None = None) -> None:
+        if state is self._state and self._reason != NOT_CONNECTED:
             return
-        first = self._reason == "not connected yet"
+        first = self._reason == NOT_CONNECTED
         self._state = state
         if state is UpstreamState.UP:
             self._reason = "ready"
@@ -116,11 +163,15 @@ class Upstream:
             self._logger.info("upstream ready", upstream=self.address)
         else:
             self._ready.clear()
-            self._reason = self._why_down()
+            self._reason = self.describe_failure(error)
+            fields = {"upstream": self.address, "reason": self._reason}
+            if self.endpoint.is_unix and path_problem(self.endpoint.path) is not None:
+                # Most often a typo in --upstream: said once, on the line that reports it.
+                key = "not a socket" if self._reason.startswith("not a socket") else "directory"
+                fields["hint"] = START_HINTS[key]
             self._logger.warning(
                 "upstream unavailable" if not first else "upstream not reachable yet",
-                upstream=self.address,
-                reason=self._reason,
+                **fields,
                 retry="backoff up to 1s",
             )
         for listener in self._listeners:
@@ -132,6 +183,27 @@ class Upstream:
         hint = self.tls_hint(details) if self.tls_hint is not None else None
         more = f"; {hint}" if hint else ""
         return f"plugproxy: upstream {self.address} unavailable: {details}{more}"
+
+    def unreachable_details(self, reason: str, waited: float, before_deadline: bool) -> str:
+        """The UNAVAILABLE of a call that waited ``waited`` seconds for a plugin that
+        stayed unreachable, for ``reason``: until just before its deadline, or for
+        --plugin-wait."""
+        text = f"plugproxy: plugin unreachable: upstream {self.address}: {reason}"
+        if before_deadline:
+            return f"{text}; waited {waited:.1f} s, answered just before the call's deadline"
+        if waited > 0:
+            return f"{text}; waited {waited:.1f} s (--plugin-wait)"
+        return text
+
+    def deadline_details(self, reason: str | None) -> str:
+        """What a call whose deadline ran out is logged with (the CO had its own
+        DEADLINE_EXCEEDED): while it waited for the plugin, the plugin's ``reason``."""
+        if reason is None:
+            return "plugproxy: the call's deadline ran out"
+        return (
+            f"plugproxy: plugin unreachable: upstream {self.address}: {reason}; "
+            "the call's deadline ran out while it waited"
+        )
 
     async def _dial(self) -> _Client:
         loop = asyncio.get_running_loop()
@@ -148,6 +220,7 @@ class Upstream:
         delay = FIRST_RETRY
         loop = asyncio.get_running_loop()
         while True:
+            error: OSError | None = None
             try:
                 client = await self._dial()
                 # Up once the plugin's SETTINGS arrived (an HTTP/2 server answers there).
@@ -156,12 +229,12 @@ class Upstream:
                     timeout=HANDSHAKE_SECONDS,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-            except OSError:
-                client = None
+            except OSError as exc:
+                client, error = None, exc
             if client is None or not client.ready.done() or client.lost.done():
                 if client is not None:
                     client.close()
-                self._set(UpstreamState.DOWN)
+                self._set(UpstreamState.DOWN, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY)
                 continue
@@ -183,11 +256,11 @@ class Upstream:
     ) -> bytes:
         """One unary call of the proxy's own; raises :class:`UpstreamError`."""
         client = self._client
-        if client is None and self._reason == "not connected yet":
+        if client is None and self._reason == NOT_CONNECTED:
             await self.wait_ready(timeout)  # the first dial is under way
             client = self._client
         if client is None or not client.h2.can_open():
-            raise UpstreamError(StatusCode.UNAVAILABLE, self.unavailable_details(self._reason))
+            raise UpstreamError(StatusCode.UNAVAILABLE, self.unavailable_details(self.reason))
         return await client.unary(method, request, timeout, metadata)
 
 

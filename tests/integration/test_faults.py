@@ -5,6 +5,7 @@ real processes where a signal is part of the story."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import stat
@@ -23,7 +24,7 @@ import pytest
 from plugproxy import admin, serve, sockets
 from plugproxy.api import Call, LazyMessage, Stage
 from plugproxy.endpoints import ConfigError
-from plugproxy.fakes import SpecClient
+from plugproxy.fakes import FakeKnobs, SpecClient, start_fake_plugin
 from plugproxy.serve import ProxyServer
 from plugproxy.sockets import socket_answers
 from tests.support import (
@@ -32,6 +33,7 @@ from tests.support import (
     relay,  # noqa: F401  # the fixture, found by name
     start_proxy,
     start_recorder,
+    wait_until,
 )
 
 # Every test here runs on both relays: the frame relay and the gRPC one (TLS endpoints).
@@ -290,6 +292,131 @@ async def test_hung_plugin_deadline_is_honoured_and_proxy_recovers(tmp_path):
             os.kill(proc.pid, signal.SIGCONT)
         recovered = await first_success(client, limit=3.0)
         assert recovered < 2.0
+
+
+# -- a plugin that is down: what a call and the log say ---------------------------------------
+
+
+class Printed:
+    """The proxy's log lines so far (an in-process proxy writes them to stdout)."""
+
+    def __init__(self, capfd: pytest.CaptureFixture[str]) -> None:
+        self.capfd = capfd
+        self.text = ""
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        self.text += self.capfd.readouterr().out
+        lines = [json.loads(x) for x in self.text.splitlines() if x.startswith("{")]
+        return [line for line in lines if line.get("event") == event]
+
+    async def calls(self, count: int = 1) -> list[dict[str, Any]]:
+        """The first ``count`` call lines, once the proxy has written them."""
+        await wait_until(lambda: len(self.events("call")) >= count)
+        return self.events("call")[:count]
+
+
+async def test_a_call_waiting_for_a_down_plugin_hears_why_before_its_deadline(tmp_path, capfd):
+    """--plugin-wait (60 s) is longer than any CO's deadline: the call is answered just
+    before its own, with the cause, instead of a bare DEADLINE_EXCEEDED at it."""
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "proxy.sock")
+    printed = Printed(capfd)
+    proxy = await start_proxy(listen, upstream)
+    try:
+        async with channel(listen) as ch:
+            await ch.channel_ready()
+            start = time.monotonic()
+            code, details = await outcome(ch.unary_unary(PLUGIN_INFO)(b"", timeout=1))
+            took = time.monotonic() - start
+            (line,) = await printed.calls()
+    finally:
+        await proxy.stop(0)
+    assert code is grpc.StatusCode.UNAVAILABLE, (code, details)
+    assert details.startswith(
+        f"plugproxy: plugin unreachable: upstream unix://{upstream}: "
+        "no socket file (the plugin is not listening); waited 0."
+    ), details
+    assert details.endswith("answered just before the call's deadline"), details
+    assert 0.75 < took < 1.0
+    # The log, the metrics and the trace have the outcome the CO got.
+    assert line["code"] == "UNAVAILABLE"
+    assert line["message"] == details
+    assert line["duration_ms"] < 1000
+
+
+async def test_a_caller_that_cancels_a_waiting_call_is_logged_as_cancelled(tmp_path, capfd):
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "proxy.sock")
+    printed = Printed(capfd)
+    proxy = await start_proxy(listen, upstream)
+    try:
+        async with channel(listen) as ch:
+            call = ch.unary_unary(PLUGIN_INFO)(b"", timeout=10)
+            await asyncio.sleep(0.5)
+            call.cancel()
+            (line,) = await printed.calls()
+    finally:
+        await proxy.stop(0)
+    assert line["code"] == "CANCELLED"
+    assert line["message"] == "cancelled by the caller"
+    assert line["duration_ms"] < 2000
+
+
+async def test_a_deadline_that_runs_out_at_the_plugin_is_not_a_cancellation(tmp_path, capfd):
+    upstream, listen = str(tmp_path / "plugin.sock"), str(tmp_path / "proxy.sock")
+    printed = Printed(capfd)
+    fake = await start_fake_plugin(
+        "csi.v1", f"unix://{upstream}", FakeKnobs(delays={"GetPluginInfo": 5.0})
+    )
+    proxy = await start_proxy(listen, upstream)
+    try:
+        assert await proxy.upstream.wait_ready(5)
+        async with channel(listen) as ch:
+            code, _ = await outcome(ch.unary_unary(PLUGIN_INFO)(b"", timeout=0.5))
+            (line,) = await printed.calls()
+    finally:
+        await proxy.stop(0)
+        await fake.stop(0)
+    assert code is grpc.StatusCode.DEADLINE_EXCEEDED
+    # Whichever came first, the plugin's DEADLINE_EXCEEDED or the CO's reset at its
+    # deadline, the log has what the CO saw.
+    assert line["code"] == "DEADLINE_EXCEEDED", line
+    assert "cancelled" not in line.get("message", ""), line
+
+
+@pytest.mark.parametrize("problem", ["missing directory", "regular file"])
+async def test_an_upstream_path_that_can_never_answer_is_named(tmp_path, capfd, problem):
+    if problem == "missing directory":  # a typo in --upstream
+        upstream = tmp_path / "plugn" / "csi.sock"
+        said = f"directory {tmp_path / 'plugn'} does not exist"
+    else:
+        upstream = tmp_path / "csi.sock"
+        upstream.write_text("")
+        said = "not a socket (a regular file)"
+    listen = str(tmp_path / "proxy.sock")
+    printed = Printed(capfd)
+    proxy = await start_proxy(listen, str(upstream), "--plugin-wait", "300ms")
+    try:
+        await wait_until(lambda: bool(printed.events("upstream not reachable yet")))
+        ready, readiness = proxy._upstream_ready()
+        async with channel(listen) as ch:
+            code, details = await outcome(ch.unary_unary(PLUGIN_INFO)(b"", timeout=10))
+        await asyncio.sleep(0.5)  # the proxy keeps redialling: no more lines about it
+    finally:
+        await proxy.stop(0)
+    # One line at start-up says why, and what to check.
+    (warning,) = printed.events("upstream not reachable yet")
+    assert warning["level"] == "warning"
+    assert warning["upstream"] == f"unix://{upstream}"
+    assert warning["reason"] == said
+    assert "check --upstream" in warning["hint"]
+    assert not printed.events("upstream unavailable")
+    # /readyz and the call say it in the same words.
+    assert not ready
+    assert readiness == f"upstream unix://{upstream}: {said}"
+    assert code is grpc.StatusCode.UNAVAILABLE
+    assert details.startswith(
+        f"plugproxy: plugin unreachable: upstream unix://{upstream}: {said}; waited 0."
+    ), details
+    assert details.endswith(" s (--plugin-wait)"), details
 
 
 # -- overload ---------------------------------------------------------------------------------

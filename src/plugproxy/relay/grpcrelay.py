@@ -39,7 +39,7 @@ from plugproxy.endpoints import Endpoint
 from plugproxy.log import Logger
 from plugproxy.pipeline import Chain, compile_chain
 from plugproxy.registry import Registry
-from plugproxy.upstream import Upstream
+from plugproxy.upstream import Upstream, answer_margin, deadline_ran_out
 
 # Transport-level headers: grpc sets its own on the upstream hop.
 HOP_BY_HOP = frozenset(
@@ -154,12 +154,44 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         method = _Method(info, chain, channel.stream_stream(info.path))
         return grpc.stream_stream_rpc_method_handler(functools.partial(self._stream_stream, method))
 
-    async def _await_plugin(self, remaining: float | None) -> None:
-        """A plugin not reachable yet is waited for, within the call's deadline and
-        --plugin-wait; the call then goes ahead (and fails UNAVAILABLE if it is still down)."""
-        if self.plugin_wait > 0 and not self.upstream.channel_is_ready():
-            wait = self.plugin_wait if remaining is None else min(self.plugin_wait, remaining)
-            await self.upstream.wait_ready(wait)
+    async def _await_plugin(self, remaining: float | None, timeout: float | None) -> None:
+        """A call that finds the plugin unreachable waits for it: for --plugin-wait, and at
+        most until just before its own deadline (as in the frame relay; plugproxy.upstream
+        says why). Still down then, it is answered here: raises UpstreamError UNAVAILABLE
+        naming the upstream and why it cannot be reached. A channel still making its first
+        connection, or reconnecting to a plugin that was up, lets the call go ahead."""
+        upstream = self.upstream
+        if upstream.channel_is_ready():
+            return
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        wait, before_deadline = self.plugin_wait, False
+        if remaining is not None and timeout is not None:
+            answer_in = remaining - answer_margin(timeout)
+            if answer_in < wait:
+                wait, before_deadline = max(0.0, answer_in), True
+        if wait > 0 and await upstream.wait_ready(wait):
+            return
+        # Past --plugin-wait, a call to a tcp:// or tls:// plugin goes ahead: it fails at once,
+        # and grpc's words for that (connection refused, the handshake's failure) say more
+        # than the channel's state does. A UNIX socket's reason is read from the path itself.
+        if upstream.is_down() and (before_deadline or upstream.endpoint.is_unix):
+            details = upstream.unreachable_details(
+                upstream.reason, loop.time() - since, before_deadline
+            )
+            raise UpstreamError(StatusCode.UNAVAILABLE, details)
+
+    def _cancelled(self, context: ServicerContext, call: Call, waiting: bool) -> None:
+        """grpc cancelled the call: at its deadline (the CO had its own DEADLINE_EXCEEDED,
+        and says so in the log) or because the CO cancelled it. ``waiting``: it had not
+        reached the plugin yet."""
+        if deadline_ran_out(context.time_remaining(), call.timeout):
+            upstream = self.upstream
+            reason = upstream.reason if waiting and upstream.is_down() else None
+            call.code = StatusCode.DEADLINE_EXCEEDED
+            call.details = upstream.deadline_details(reason)
+        else:
+            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -197,7 +229,11 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
     async def _passthrough_unary(
         self, method: _Method, request: bytes, context: ServicerContext
     ) -> bytes:
-        await self._await_plugin(context.time_remaining())
+        remaining = context.time_remaining()
+        try:
+            await self._await_plugin(remaining, remaining)
+        except UpstreamError as unreachable:
+            await self._abort(context, _Relay(), unreachable.code, unreachable.details)
         ucall = method.upstream(
             request,
             metadata=forwardable(context.invocation_metadata()),
@@ -236,10 +272,11 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         call.request_count = 1
         relay = _Relay()
         response = b""
+        ucall: Any = None
         try:
             try:
                 await chain.run_start(call)
-                await self._await_plugin(call.remaining_timeout())
+                await self._await_plugin(call.remaining_timeout(), call.timeout)
                 ucall = method.upstream(
                     request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -255,10 +292,12 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                 chain.run_response(call, call.response)
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
+            except UpstreamError as unreachable:
+                call.code, call.details = unreachable.code, unreachable.details
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except asyncio.CancelledError:
-            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
+            self._cancelled(context, call, ucall is None)
             raise
         finally:
             chain.run_finish(call)
@@ -282,7 +321,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
-                await self._await_plugin(call.remaining_timeout())
+                await self._await_plugin(call.remaining_timeout(), call.timeout)
                 ucall = method.upstream(
                     request, metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -296,10 +335,12 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                 call.trailing_metadata = tuple(await ucall.trailing_metadata() or ())
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
+            except UpstreamError as unreachable:
+                call.code, call.details = unreachable.code, unreachable.details
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
-            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
+            self._cancelled(context, call, ucall is None)
             if ucall is not None:
                 ucall.cancel()
             raise
@@ -358,7 +399,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
-                await self._await_plugin(call.remaining_timeout())
+                await self._await_plugin(call.remaining_timeout(), call.timeout)
                 ucall = method.upstream(
                     metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -371,10 +412,12 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                     chain.run_response(call, LazyMessage(response, method.info.response_class))
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
+            except UpstreamError as unreachable:
+                call.code, call.details = unreachable.code, unreachable.details
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except asyncio.CancelledError:
-            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
+            self._cancelled(context, call, ucall is None)
             if ucall is not None:
                 ucall.cancel()
             raise
@@ -398,7 +441,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
             try:
                 if chain is not None:
                     await chain.run_start(call)
-                await self._await_plugin(call.remaining_timeout())
+                await self._await_plugin(call.remaining_timeout(), call.timeout)
                 ucall = method.upstream(
                     metadata=call.upstream_metadata, timeout=call.remaining_timeout()
                 )
@@ -420,10 +463,12 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
                     call.raw_status = raw_status_of(call.code, call.details)
             except Reject as rej:
                 call.code, call.details, call.rejected = rej.code, rej.message, True
+            except UpstreamError as unreachable:
+                call.code, call.details = unreachable.code, unreachable.details
             except grpc.aio.AioRpcError as err:
                 self._record_upstream_error(call, err)
         except (asyncio.CancelledError, GeneratorExit):
-            call.code, call.details = StatusCode.CANCELLED, "cancelled by the caller"
+            self._cancelled(context, call, ucall is None)
             if ucall is not None:
                 ucall.cancel()
             raise

@@ -13,7 +13,9 @@ by ``Limits.collect_budget``). Response bytes are credited back to the plugin on
 they have gone to the CO. A peer that stops reading its socket stops the credit too.
 
 A call that finds no plugin waits for one within its own deadline, bounded by
-``--plugin-wait``; the pairing keeps dialling while calls wait.
+``--plugin-wait``; the pairing keeps dialling while calls wait. One still waiting just
+before its deadline is answered UNAVAILABLE naming the upstream and why it cannot be
+reached (see :data:`plugproxy.upstream.ANSWER_MARGIN_SECONDS`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
 from plugproxy.relay.grpcwire import Messages, MessageTooLarge, message_frame
 from plugproxy.relay.hpackcodec import Header, NeverIndexed
+from plugproxy.upstream import answer_margin, deadline_ran_out
 
 if TYPE_CHECKING:
     from plugproxy.relay.framerelay import FrameRelay, Route
@@ -60,7 +63,9 @@ class Stream:
         "route",
         "started",
         "task",
+        "timeout",
         "up",
+        "wait_since",
         "wait_until",
     )
 
@@ -72,6 +77,8 @@ class Stream:
         self.up: StreamEnd | None = None  # None until the call is opened on the plugin
         self.plugin: PluginSide | None = None
         self.deadline: float | None = None  # monotonic, from grpc-timeout
+        self.timeout: float | None = None  # grpc-timeout, seconds
+        self.wait_since: float | None = None  # when it began to wait for a plugin stream
         self.wait_until = 0.0
         self.early: list[tuple[bytes, bool]] = []  # request bytes before the plugin stream
         self.held: list[tuple[bool, bytes]] | None = None  # messages waiting for on_start
@@ -253,6 +260,11 @@ class Pairing(asyncio.Protocol):
             return
         if conn.server:
             self._cancel_upstream(stream, code if by_peer else frames.CANCEL)
+            if by_peer and stream.deadline is not None:
+                remaining = stream.deadline - time.monotonic()
+                if deadline_ran_out(remaining, stream.timeout):
+                    self._deadline_ran_out(stream)
+                    return
             why = "cancelled by the caller" if by_peer else f"HTTP/2 stream error: {reason}"
             self._cancelled(stream, why)
         elif by_peer:
@@ -330,7 +342,7 @@ class Pairing(asyncio.Protocol):
                 try:
                     side = await relay.connect_upstream(self)
                 except OSError as exc:
-                    self.plugin_reason = exc.strerror or str(exc) or type(exc).__name__
+                    self.plugin_reason = relay.upstream.describe_failure(exc)
                 else:
                     if self.is_closed():  # the CO left while we dialled
                         side.h2.close()
@@ -351,24 +363,25 @@ class Pairing(asyncio.Protocol):
             self.connecting = None
 
     def _expire_waiting(self, now: float) -> None:
-        """Calls that waited for the plugin as long as they may are answered."""
+        """Calls that waited for the plugin as long as they may are answered: UNAVAILABLE
+        naming the upstream and why it cannot be reached, just before their deadline or
+        after --plugin-wait."""
         keep: deque[Stream] = deque()
+        upstream = self.relay.upstream
         for stream in self.waiting:
             if stream.finished:
                 continue
             if stream.wait_until > now:
                 keep.append(stream)
-            elif stream.deadline is not None and stream.deadline <= now:
-                self._answer(
-                    stream,
-                    StatusCode.DEADLINE_EXCEEDED,
-                    "plugproxy: deadline expired waiting for the plugin: "
-                    + self.relay.unavailable(self.plugin_reason),
-                )
-            else:
-                self._answer(
-                    stream, StatusCode.UNAVAILABLE, self.relay.unavailable(self.plugin_reason)
-                )
+                continue
+            since = now if stream.wait_since is None else stream.wait_since
+            by_deadline = stream.wait_until < since + self.relay.plugin_wait
+            details = upstream.unreachable_details(self.plugin_reason, now - since, by_deadline)
+            # Past the deadline no answer reaches the CO (it has its own DEADLINE_EXCEEDED);
+            # the log says what the CO saw.
+            late = stream.deadline is not None and stream.deadline <= now
+            code = StatusCode.DEADLINE_EXCEEDED if late else StatusCode.UNAVAILABLE
+            self._answer(stream, code, details)
         self.waiting = keep
 
     def plugin_lost(self, side: PluginSide) -> None:
@@ -436,6 +449,7 @@ class Pairing(asyncio.Protocol):
         head = end.head
         assert head is not None
         timeout = grpcwire.parse_timeout(head.grpc_timeout) if head.grpc_timeout else None
+        arrived = time.monotonic()  # the deadline counts from here, not after route's work
         path = head.path
         if head.method != b"POST" or not grpcwire.is_grpc(head.content_type):
             end.owner = NOT_GRPC
@@ -449,7 +463,8 @@ class Pairing(asyncio.Protocol):
         relay.call_started()
         stream.co_ended = ended
         if timeout is not None:
-            stream.deadline = time.monotonic() + timeout
+            stream.deadline = arrived + timeout
+            stream.timeout = timeout
         limit = relay.max_message_bytes
         chain = route.chain
         # Unary answers are kept for on_finish hooks (metrics learns the driver name from one).
@@ -720,9 +735,11 @@ class Pairing(asyncio.Protocol):
                 self._retire(plugin)
                 plugin = None
         now = time.monotonic()
+        stream.wait_since = now
         stream.wait_until = now + self.relay.plugin_wait
-        if stream.deadline is not None:
-            stream.wait_until = min(stream.wait_until, stream.deadline)
+        if stream.deadline is not None and stream.timeout is not None:
+            answer_by = stream.deadline - answer_margin(stream.timeout)
+            stream.wait_until = min(stream.wait_until, answer_by)
         self.waiting.append(stream)
         if plugin is None:
             self._want_plugin()
@@ -891,6 +908,17 @@ class Pairing(asyncio.Protocol):
         if stream.task is not None and asyncio.current_task() is not stream.task:
             stream.task.cancel()
         self._ended(stream, code, message)
+
+    def _deadline_ran_out(self, stream: Stream) -> None:
+        """The CO reset the call at its deadline: logged as the DEADLINE_EXCEEDED the CO
+        saw, with the plugin's state if the call was still waiting for it."""
+        waiting = stream.up is None and stream.wait_since is not None and self.plugin is None
+        reason = (self.plugin_reason or self.relay.upstream.reason) if waiting else None
+        if stream.task is not None:
+            stream.task.cancel()
+        self._ended(
+            stream, StatusCode.DEADLINE_EXCEEDED, self.relay.upstream.deadline_details(reason)
+        )
 
     def _cancelled(self, stream: Stream, why: str) -> None:
         if stream.task is not None:
