@@ -1,5 +1,5 @@
-"""Command line: plugproxy serve | fake-plugin | fake-registrar | demo | report | inject | webhook
-| prepare-dir.
+"""Command line: plugproxy serve | fake-plugin | fake-registrar | demo | report | call | inject
+| webhook | prepare-dir.
 
 Only the chosen subcommand's module is imported: `plugproxy serve` on every node should not
 pay for the YAML editor of `inject` or the fake plugins of `demo`.
@@ -29,6 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("plugproxy.demo", "run a volume lifecycle through the proxy"),
     "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
+    "call": (
+        "plugproxy.call",
+        "send one call to a plugin or proxy socket and print the answer as JSON",
+    ),
     "inject": ("plugproxy.inject", "add plugproxy to the workloads of manifests"),
     "webhook": ("plugproxy.webhook", "inject plugproxy into pods on admission"),
     "prepare-dir": (

@@ -125,6 +125,27 @@ TRACED_CALL: tuple[str, dict[str, Any]] = (
 )
 DEMO_SPECS = ("csi.v1", "kms.v2", "deviceplugin.v1beta1")
 
+# Printed at the end of the CSI demo, which leaves nothing running: the same stack to keep
+# and call by hand (README.md, "Sending a call", shows the same commands).
+TRY_IT_SERVERS = (
+    "plugproxy fake-plugin --spec csi.v1 --listen unix:///tmp/plugin.sock &",
+    "plugproxy serve --listen unix:///tmp/csi.sock --upstream unix:///tmp/plugin.sock &",
+)
+TRY_IT_CALLS = (
+    "plugproxy call --endpoint unix:///tmp/csi.sock --spec csi.v1 GetPluginInfo",
+    "plugproxy call --endpoint unix:///tmp/csi.sock csi.v1.Controller/CreateVolume"
+    """ '{"name": "pvc-1", "volume_capabilities": [{"mount": {},"""
+    """ "access_mode": {"mode": "SINGLE_NODE_WRITER"}}]}'""",
+    "plugproxy call --list --spec csi.v1",
+)
+
+
+def show_try_it(out: TextIO) -> None:
+    out.write("\nTry it yourself: start a fake plugin and the proxy in the background,\n")
+    out.writelines(f"  {line}\n" for line in TRY_IT_SERVERS)
+    out.write("then send calls through the proxy (plugproxy call --help shows more):\n")
+    out.writelines(f"  {line}\n" for line in TRY_IT_CALLS)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -347,6 +368,8 @@ async def run(ns: argparse.Namespace) -> int:
             if traced is not None:
                 await traced.stop()
         ok = failures == 0 and trace_whole and SECRET not in log.getvalue()
+        if ok:
+            show_try_it(out)
         return 0 if ok else 1
 
 
