@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -141,18 +142,26 @@ class _ReplaceThenAppend(argparse.Action):
         setattr(namespace, self.dest, [*current, values])
 
 
+# Size units with their true meanings, as Kubernetes quantities have them: SI multiples of
+# 1000 and IEC multiples of 1024. Case does not matter (a size has no milli-bytes).
+_SIZE_UNITS = {"": 1, "b": 1}
+for _power, _prefix in enumerate("kmg", 1):
+    _SIZE_UNITS |= {_prefix: 1000**_power, _prefix + "b": 1000**_power}
+    _SIZE_UNITS |= {_prefix + "i": 1024**_power, _prefix + "ib": 1024**_power}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+# What a SIZE option's help says about its units.
+SIZE_HELP = "SIZE: bytes, 16MiB = 16*2^20 or 16MB = 16*10^6; also KiB, GiB, kB, GB"
+
+
 def byte_size(raw: str) -> int:
-    """'16MiB', '4096', '1k' -> bytes."""
-    text = raw.strip().lower().removesuffix("b").removesuffix("i")
-    factor = 1
-    for suffix, mult in (("k", 1024), ("m", 1024**2), ("g", 1024**3)):
-        if text.endswith(suffix):
-            text, factor = text[:-1], mult
-            break
-    try:
-        value = int(float(text) * factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {raw!r} (e.g. 4194304, 16MiB)") from None
+    """'4096' -> 4096, '16MiB' (or '16Mi') -> 16*2^20, '16MB' (or '16M') -> 16*10^6."""
+    match = _SIZE.fullmatch(raw)
+    factor = _SIZE_UNITS.get(match.group(2).lower()) if match else None
+    if match is None or factor is None:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {raw!r} (bytes, or with a unit: 16MiB = 16*2^20, 16MB = 16*10^6)"
+        )
+    value = int(float(match.group(1)) * factor)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive: {raw!r}")
     return value

@@ -17,6 +17,7 @@ from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
 from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
 from plugproxy.log import LEVELS, Logger
 from plugproxy.options import (
+    SIZE_HELP,
     OneLineParser,
     Option,
     add_options,
@@ -60,7 +61,7 @@ CORE_OPTIONS: list[Option] = [
     ),
     Option(
         "--max-message-bytes",
-        "largest message accepted in either direction (e.g. 16MiB)",
+        f"largest message accepted in either direction ({SIZE_HELP})",
         default=16 * 1024 * 1024,
         type=byte_size,
         metavar="SIZE",

@@ -38,7 +38,7 @@ from plugproxy import redact
 from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage, StatusCode
 from plugproxy.keys import keys_of
 from plugproxy.log import Logger
-from plugproxy.options import Option, byte_size
+from plugproxy.options import SIZE_HELP, Option, byte_size
 
 REQUEST_ID_KEY = "csi.requestid"
 MAX_ADOPTED_ID = 128
@@ -64,7 +64,7 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "--log-payload-max-bytes",
-        "rendering of each logged payload stops at about this size (e.g. 16KiB)",
+        f"rendering of each logged payload stops at about this size ({SIZE_HELP})",
         default=PAYLOAD_MAX_BYTES,
         type=byte_size,
         metavar="SIZE",
