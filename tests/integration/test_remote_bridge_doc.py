@@ -28,26 +28,46 @@ INFO = "/csi.v1.Identity/GetPluginInfo"
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 
 
-def section_blocks() -> list[str]:
+def section_blocks() -> list[tuple[str, str]]:
+    """The section's shell blocks: (the shell their fence names, their text)."""
     text = PAGE.read_text()
     section = text[text.index("## Try it on one host") :]
     section = section[: section.find("\n## ", 5)] if "\n## " in section[5:] else section
-    return re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    return re.findall(r"```(sh|bash)\n(.*?)```", section, re.DOTALL)
+
+
+def test_the_blocks_are_run_by_the_shell_their_fence_names():
+    """A block marked sh is run by sh (dash on Debian): a bash-only construct in it, such as
+    a process substitution, fails here as it would for a reader."""
+    assert [shell for shell, _ in section_blocks()] == ["sh", "sh", "sh"]
+    if shutil.which("dash") is None:
+        pytest.skip("dash is not installed: sh may be bash, which runs bash-only blocks too")
+    refused = subprocess.run(
+        ["dash", "-n", "-c", "cat <(true)"], capture_output=True, text=True, check=False
+    )
+    assert refused.returncode != 0  # what the recipe's process substitutions met under dash
+    for _, block in section_blocks():
+        checked = subprocess.run(
+            ["dash", "-n", "-c", block], capture_output=True, text=True, check=False
+        )
+        assert checked.returncode == 0, checked.stderr
 
 
 @pytest.fixture
 def on_one_host(tmp_path: Path) -> Iterator[Path]:
     """Runs the page's blocks in an empty directory, `plugproxy` on the PATH; stops what the
     blocks started when the test ends."""
-    certs, appliance, node = section_blocks()
+    (shell, certs), (servers_shell, appliance), (_, node) = section_blocks()
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    subprocess.run(["bash", "-c", certs], cwd=tmp_path, env=env, check=True, capture_output=True)
+    subprocess.run(
+        [shell, "-c", f"set -e\n{certs}"], cwd=tmp_path, env=env, check=True, capture_output=True
+    )
     # One shell runs the two blocks that start servers; it waits, and is stopped with them.
     script = f"set -e\n{appliance}\n{node}\nwait\n"
     log = (tmp_path / "servers.log").open("w")
     shell = subprocess.Popen(
-        ["bash", "-c", script],
+        [servers_shell, "-c", script],
         cwd=tmp_path,
         env=env,
         stdout=log,
