@@ -406,15 +406,22 @@ class ProxyServer:
         )
         if probe is not None:
             self.runtime.readiness_checks.append(probe.check)
+        routes = self.admin_routes()
+        if self.settings.admin is not None:
+            host, port = self.settings.admin
+            self.admin = admin.AdminServer(host, port, routes, self.logger)
+            self.admin.start()
+
+    def admin_routes(self) -> dict[str, AdminHandler]:
+        """Every path the admin server answers: the stages' (/violations while validation
+        is on) and the proxy's own. docs/observability.md lists them; a test holds the two
+        together. Called on the proxy's event loop."""
         routes = self.runtime.admin_routes
         routes.setdefault("/healthz", self._healthz)
         routes.setdefault("/readyz", admin.readiness(self.runtime.readiness_checks))
         routes.setdefault("/metrics", admin.metrics(self.metrics))
         routes.setdefault("/debug/tasks", _task_count(asyncio.get_running_loop()))
-        if self.settings.admin is not None:
-            host, port = self.settings.admin
-            self.admin = admin.AdminServer(host, port, routes, self.logger)
-            self.admin.start()
+        return routes
 
     async def _start_grpc_server(self) -> None:
         import grpc  # noqa: PLC0415
