@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -268,6 +269,23 @@ def test_console_exporter_builds_a_stage():
     stage = build_from_env({"OTEL_TRACES_EXPORTER": "console"})
     assert isinstance(stage, TracingStage)
     asyncio.run(stage.shutdown())
+
+
+def test_console_spans_are_one_json_line_each_on_stderr_away_from_the_call_log(capsys):
+    """The call log is on stdout, one line per call; spans must not land among its lines."""
+    stage = build_from_env({"OTEL_TRACES_EXPORTER": "console"})
+    assert isinstance(stage, TracingStage)
+    info = Registry(["csi.v1"]).lookup("/csi.v1.Identity/Probe")
+    for _ in range(2):
+        call = Call(info, (), [], 5.0)
+        stage.on_start(call)
+        stage.on_finish(call)
+    asyncio.run(stage.shutdown())  # flushes the batch
+    out, err = capsys.readouterr()
+    assert out == ""
+    spans = [json.loads(line) for line in err.splitlines()]
+    assert len(spans) == 4  # a server and a client span per call
+    assert {span["name"] for span in spans} == {"csi.v1.Identity/Probe"}
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -360,6 +361,15 @@ def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
     return exporter
 
 
+def _console_exporter() -> SpanExporter:
+    """Each span as one line of JSON on standard error. The SDK's default, indented JSON on
+    standard output, lands between the call log's lines there: a reader loses the calls among
+    the spans, and a log shipper reading line by line gets fragments of spans."""
+    return ConsoleSpanExporter(
+        out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n"
+    )
+
+
 class _FanOut(SpanExporter):
     """Several exporters behind one processor (OTEL_TRACES_EXPORTER=otlp,console)."""
 
@@ -393,7 +403,7 @@ def exporter_from_env(environ: Mapping[str, str]) -> SpanExporter | None:
         if name == "otlp":
             exporters.append(_otlp_exporter(environ))
         elif name == "console":
-            exporters.append(ConsoleSpanExporter())
+            exporters.append(_console_exporter())
         else:
             raise ConfigError(f"OTEL_TRACES_EXPORTER={raw!r}: expected otlp, console or none")
     if not exporters:
