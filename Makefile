@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 
 .PHONY: demo install test check docs lint protos bench image clean
 
+# pip runs quietly; a line before each long step says what is going on meanwhile.
 $(BIN)/python:
+	@echo "creating the virtualenv $(VENV) and upgrading its pip ..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
@@ -13,10 +15,12 @@ $(BIN)/python:
 INSTALL_SPEC ?= -e .
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "installing plugproxy and its dependencies into $(VENV) (a minute or two the first time) ..."
 	$(BIN)/pip install --quiet $(INSTALL_SPEC)
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	@echo "installing plugproxy and the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
