@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
@@ -11,6 +12,8 @@ import sys
 import grpc
 import pytest
 
+from plugproxy import cli
+from plugproxy.options import action_default
 from tests.support import ECHO, channel, start_recorder, wait_until
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PLUGPROXY_")}
@@ -248,3 +251,47 @@ def test_an_event_loop_that_is_not_installed_is_a_one_line_error():
         "plugproxy: error: --event-loop uvloop: uvloop is not installed (pip install uvloop); "
         "--event-loop asyncio uses the standard library's loop"
     )
+
+
+def test_the_top_level_help_says_what_plugproxy_is_for():
+    text = " ".join(run_cli("--help").stdout.split())
+    for said in ("CSI", "COSI", "CMI", "KMS v2", "device plugins", "DRA", "plugin registration"):
+        assert said in text, said
+    assert "any gRPC API from its descriptors" in text
+
+
+def _help_entries(help_text: str) -> dict[str, str]:
+    """Option strings -> their help, from --help's text (an entry starts with "  -")."""
+    entries: dict[str, str] = {}
+    current: list[str] = []
+    for line in help_text.splitlines():
+        if line.startswith("  -"):
+            current = [line]
+            entries[line.split()[0].rstrip(",")] = ""
+        elif current and line.startswith("   "):
+            current.append(line)
+        else:
+            current = []
+        if current:
+            entries[current[0].split()[0].rstrip(",")] = " ".join(" ".join(current).split())
+    return entries
+
+
+def test_every_subcommand_has_a_description_and_every_option_its_default(monkeypatch):
+    """Walks every subcommand's parser: an option with a default (not None, false or empty)
+    says it in its help, as one would write it."""
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = cli.build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = []
+    for name, sub in subparsers.choices.items():
+        assert sub.description and len(sub.description) > 20, name
+        entries = _help_entries(sub.format_help())
+        for action in sub._actions:
+            shown = action_default(action)
+            if not shown:
+                continue
+            entry = entries[action.option_strings[0]]
+            if "default" not in entry.lower() or shown.split(",")[0] not in entry:
+                missing.append(f"{name} {action.option_strings[0]} (default {shown}): {entry}")
+    assert not missing, "\n".join(missing)

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 
 from plugproxy import __version__
 from plugproxy.endpoints import ConfigError
-from plugproxy.options import OneLineParser
+from plugproxy.options import DefaultsHelpFormatter, OneLineParser
+
+DESCRIPTION = (
+    "A spec-aware gRPC sidecar for Kubernetes plugins: CSI (volumes), COSI (buckets) and CMI"
+    " (machines), Kubernetes' own plugin APIs (KMS v2, device plugins, DRA, plugin"
+    " registration), or any gRPC API from its descriptors. It sits on the plugin's socket,"
+    " passes every call through untouched, judges both sides against the spec, keeps secrets"
+    " out of its logs, serializes calls per volume, and exports metrics and traces."
+)
 
 # subcommand -> (module with add_arguments(parser) and async run(ns), one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -27,7 +35,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "plugproxy.fakes.registrar",
         "start like node-driver-registrar: wait for the socket, one GetPluginInfo in 1 s",
     ),
-    "demo": ("plugproxy.demo", "run a volume lifecycle through the proxy"),
+    "demo": (
+        "plugproxy.demo",
+        "run a fake plugin's calls through the proxy (a CSI volume lifecycle by default)",
+    ),
     "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
     "call": (
         "plugproxy.call",
@@ -51,11 +62,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with ``argv``, only the subcommand it names gets its arguments (and its
     module imported) — the others are listed by name and help alone."""
     chosen = _chosen(argv) if argv is not None else None
-    parser = OneLineParser(prog="plugproxy", description="Spec-aware sidecar for CSI/COSI/CMI.")
+    parser = OneLineParser(prog="plugproxy", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"plugproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text)
+        # The one-line help is the description too, unless the module gives a longer one;
+        # every option's help states its default.
+        sub_parser = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text[0].upper() + help_text[1:] + ".",
+            formatter_class=DefaultsHelpFormatter,
+        )
         if argv is None or name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(sub_parser)

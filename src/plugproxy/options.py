@@ -27,6 +27,27 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"plugproxy: error: {message}\n")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """--help that states every option's default: "(default: 30s)" after the help of an
+    option that has one (not None, false, empty) and does not say it already, written as
+    one would write it on the command line."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or text == argparse.SUPPRESS or "default" in text.lower():
+            return text
+        shown = action_default(action)
+        return f"{text} (default: {shown.replace('%', '%%')})" if shown else text
+
+
+def action_default(action: argparse.Action) -> str:
+    """An option's default as one would write it on the command line; "" when it has none
+    worth saying (a switch, None, an empty value)."""
+    if not action.option_strings or action.nargs == 0:  # positionals; switches, --help
+        return ""
+    return _default_text(action.default, action.type)
+
+
 @dataclass(frozen=True)
 class Option:
     flag: str
@@ -187,19 +208,26 @@ def duration(raw: str) -> float:
 
 def shown_default(opt: Option) -> str:
     """The declared default as one would write it on the command line; "" when none."""
-    value = opt.default
-    if opt.is_switch or value is None or value in ("", []):
+    return "" if opt.is_switch else _default_text(opt.default, opt.type)
+
+
+def _default_text(value: Any, kind: Any) -> str:
+    if value is None or value is False or value == argparse.SUPPRESS:
         return ""
-    if opt.type is duration:
+    if isinstance(value, list | tuple):
+        return ",".join(_default_text(item, kind) for item in value)
+    if kind is duration:
         return _duration_text(float(value))
-    if opt.type is byte_size:
+    if kind is byte_size:
         return _size_text(int(value))
-    if opt.type is octal_mode:
+    if kind is octal_mode:
         return f"0{int(value):o}"
     return str(value)
 
 
 def _duration_text(seconds: float) -> str:
+    if seconds == 0:
+        return "0s"
     for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0)):
         if seconds >= size and (seconds / size).is_integer():
             return f"{int(seconds / size)}{unit}"

@@ -317,8 +317,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="deny pods that opt in but cannot be injected, and bad requests",
     )
-    parser.add_argument("--log-format", default="json", choices=("json", "text"))
-    parser.add_argument("--log-level", default="info", choices=tuple(LEVELS))
+    parser.add_argument(
+        "--log-format", default="json", choices=("json", "text"), help="log line format"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=tuple(LEVELS), help="lowest level logged"
+    )
 
 
 def parse_listen(raw: str) -> tuple[str, int]:
