@@ -50,6 +50,10 @@ BRIDGE_DOC_TEST = (
     "tests/integration/test_remote_bridge_doc.py"
     "::test_the_one_host_recipe_bridges_a_call_over_mutual_tls"
 )
+ANY_PLUGIN_DOC_TEST = (
+    "tests/integration/test_any_plugin_doc.py"
+    "::test_the_page_builds_the_set_and_serves_it_as_it_says"
+)
 # first line -> the test that runs that block as written.
 RUN_ELSEWHERE: dict[str, str] = {
     "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 365": (
@@ -58,6 +62,10 @@ RUN_ELSEWHERE: dict[str, str] = {
     "plugproxy fake-plugin --spec csi.v1 --listen unix://$PWD/plugin.sock &": BRIDGE_DOC_TEST,
     "plugproxy serve --listen unix://$PWD/csi.sock --upstream tls://localhost:17443": (
         BRIDGE_DOC_TEST
+    ),
+    "pip install grpcio-tools": ANY_PLUGIN_DOC_TEST,
+    "plugproxy serve --listen unix://$PWD/vault.sock --upstream unix://$PWD/plugin.sock": (
+        ANY_PLUGIN_DOC_TEST
     ),
 }
 CLUSTER = "needs a cluster (kubectl, helm)"
