@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 
     from plugproxy.relay.grpcrelay import GrpcRelay
     from plugproxy.tlslog import TlsDiagnostics
+
+# After a second signal, how long the rest of the shutdown (stages flushing, the admin
+# server, the upstream) may take before the process exits anyway.
+STOP_NOW_WAIT = 3.0
 
 # grpc (its C core) and the TLS modules are imported only by a configuration that uses
 # them (--relay grpc, tls://): a proxy runs beside every plugin on every node, and grpc
@@ -75,7 +80,8 @@ CORE_OPTIONS: list[Option] = [
     ),
     Option(
         "--shutdown-grace",
-        "on SIGTERM/SIGINT, how long calls in flight may take to finish",
+        "on SIGTERM/SIGINT, how long calls in flight may take to finish (a second signal "
+        "ends them at once)",
         default=30.0,
         type=duration,
         metavar="DURATION",
@@ -272,6 +278,7 @@ class ProxyServer:
             stages if stages is not None else pipeline.build_stages(ns, self.runtime)
         )
         self.proxy: GrpcRelay | None = None
+        self._grpc_calls = _CallCount()  # the gRPC relay's calls in flight
         self.relay: FrameRelay | None = None
         if self.settings.relay == "frames":
             self.relay = FrameRelay(
@@ -426,6 +433,7 @@ class ProxyServer:
     async def _start_grpc_server(self) -> None:
         import grpc  # noqa: PLC0415
 
+        assert self.proxy is not None
         size = self.ns.max_message_bytes
         self.server = grpc.aio.server(
             options=[
@@ -437,9 +445,26 @@ class ProxyServer:
             interceptors=self.transport.server_interceptors(),
             maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
         )
-        self.server.add_generic_rpc_handlers([self.proxy])
+        self.server.add_generic_rpc_handlers([_counting(self.proxy, self._grpc_calls)])
         self.port = self.transport.add_listen_port(self.server)
         await self.server.start()
+
+    def calls_in_flight(self) -> int:
+        """Calls between arrival and their status, on either relay."""
+        return self.relay.active if self.relay is not None else self._grpc_calls.value
+
+    async def stop_now(self) -> None:
+        """End the calls in flight at once (a second signal while :meth:`stop` drains them):
+        the CO gets UNAVAILABLE, the plugin sees the call cancelled. A drain under way then
+        finishes at once."""
+        self.stopping = True
+        if self.socket is not None:
+            self.socket.release()
+        self.listening = False
+        if self.relay is not None:
+            await self.relay.stop(0)
+        if self.server is not None:
+            await self.server.stop(None)  # grpc: cancel every call now
 
     async def stop(self, grace: float | None = None) -> None:
         grace = self.ns.shutdown_grace if grace is None else grace
@@ -464,6 +489,49 @@ class ProxyServer:
         await self.upstream.close()
 
 
+class _CallCount:
+    value = 0
+
+
+def _counting(relay: GrpcRelay, count: _CallCount) -> grpc.GenericRpcHandler:
+    """The gRPC relay's handler, each call counted in ``count`` while it runs (the frame
+    relay counts its own): what the shutdown line says is in flight."""
+    import grpc  # noqa: PLC0415
+
+    def counted(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(*args: Any) -> AsyncIterator[Any]:
+                count.value += 1
+                try:
+                    async for item in behavior(*args):
+                        yield item
+                finally:
+                    count.value -= 1
+
+            return stream
+
+        async def call(*args: Any) -> Any:
+            count.value += 1
+            try:
+                return await behavior(*args)
+            finally:
+                count.value -= 1
+
+        return call
+
+    class Counting(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+            handler = relay.service(details)
+            for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+                behavior = getattr(handler, kind, None)
+                if behavior is not None:
+                    return handler._replace(**{kind: counted(behavior)})
+            return handler
+
+    return Counting()
+
+
 def _task_count(loop: asyncio.AbstractEventLoop) -> AdminHandler:
     """GET /debug/tasks: asyncio tasks alive on the proxy's loop (leak checks, soak runs)."""
 
@@ -474,44 +542,89 @@ def _task_count(loop: asyncio.AbstractEventLoop) -> AdminHandler:
 
 
 async def run(ns: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT, then drain for --shutdown-grace and exit 0; a second
+    signal during the drain ends the calls still in flight at once and exits 128 + its
+    number (130 for a second Ctrl-C)."""
     server = ProxyServer(ns)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    received: list[str] = []
-
-    def on_signal(name: str) -> Callable[[], None]:
-        def handler() -> None:
-            received.append(name)
-            stop.set()
-
-        return handler
-
+    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal(sig.name))
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
     diagnostics = server.tls_diagnostics
     if diagnostics is not None:
         diagnostics.start()  # this process's standard error: grpc's TLS lines become ours
     try:
         # A signal may come while the proxy still waits for its plugin or its path.
         starting = asyncio.ensure_future(server.start())
-        stopping = asyncio.ensure_future(stop.wait())
+        first = asyncio.ensure_future(signals.get())
         try:
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({starting, first}, return_when=asyncio.FIRST_COMPLETED)
             if starting.done():
                 starting.result()
             else:
                 starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await starting
-            await stopping
+            received = await first
         except BaseException:
-            stopping.cancel()
+            first.cancel()
             await server.stop(0)
             raise
-        server.logger.info("shutting down", signal=received[0], grace_seconds=ns.shutdown_grace)
-        await server.stop()
+        code = await _shut_down(server, received, signals)
         server.logger.info("stopped")
     finally:
         if diagnostics is not None:
             diagnostics.stop()
-    return 0
+    return code
+
+
+async def _shut_down(
+    server: ProxyServer, received: signal.Signals, signals: asyncio.Queue[signal.Signals]
+) -> int:
+    """Drain after the first signal, saying how many calls are in flight and what a second
+    signal does; stop at once on a second one. The exit status."""
+    grace = float(server.ns.shutdown_grace)
+    server.logger.info(
+        "shutting down",
+        signal=received.name,
+        calls_in_flight=server.calls_in_flight(),
+        grace_seconds=grace,
+        again="a second SIGINT (Ctrl-C) or SIGTERM ends the calls in flight now",
+    )
+    stopping = asyncio.ensure_future(server.stop())
+    second = asyncio.ensure_future(signals.get())
+    progress = asyncio.ensure_future(_drain_progress(server, grace))
+    try:
+        await asyncio.wait({stopping, second}, return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done():
+            stopping.result()
+            return 0
+        again = second.result()
+        server.logger.warning(
+            "stopping now", signal=again.name, calls_ended=server.calls_in_flight()
+        )
+        await server.stop_now()
+        # The first stop() finishes what is left (stages, admin server, upstream); a stage
+        # that takes long to flush is not waited for.
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), STOP_NOW_WAIT)
+        except TimeoutError:
+            server.logger.warning("stopped without waiting for the rest of the shutdown")
+        return 128 + again.value
+    finally:
+        second.cancel()
+        progress.cancel()
+
+
+async def _drain_progress(server: ProxyServer, grace: float) -> None:
+    """While calls drain, a line each time their number has changed (at most one a second)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    last = server.calls_in_flight()
+    while last:
+        await asyncio.sleep(1.0)
+        now = server.calls_in_flight()
+        if now != last:
+            left = max(0.0, grace - (loop.time() - started))
+            server.logger.info("draining", calls_in_flight=now, grace_left_seconds=round(left, 1))
+            last = now
