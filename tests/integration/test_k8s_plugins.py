@@ -81,7 +81,7 @@ async def test_kms_round_trip_leaks_no_plaintext_from_a_real_proxy_process(tmp_p
         *("--spec", "kms", "--admin-listen", f"127.0.0.1:{port}", "--log-level", "debug"),
         *("--log-payloads", "--validation", "audit"),
     ]
-    # Spans go to the console exporter, i.e. into the stdout checked below.
+    # Spans go to the console exporter, i.e. into the stderr checked below.
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "kms-canary"}
     with out.open("wb") as o, err.open("wb") as e:
         proc = await asyncio.create_subprocess_exec(
@@ -132,7 +132,7 @@ async def test_kms_round_trip_leaks_no_plaintext_from_a_real_proxy_process(tmp_p
     assert proc.returncode == 0
     assert stdout.count('"event":"call"') == 2 + 2 * len(plaintexts)  # payload log on
     assert stdout.count('"plaintext":"***"') == 2 * len(plaintexts)  # masked, not dropped
-    assert "kms-canary" in stdout  # the spans were exported there
+    assert "kms-canary" in stderr  # the spans were exported there
     assert 'spec="kms.v2"' in metrics and 'method="/v2.KeyManagementService/Decrypt"' in metrics
     outputs = {"stdout": stdout, "stderr": stderr, "/metrics": metrics, "/violations": violations}
     for i, plaintext in enumerate(plaintexts):
