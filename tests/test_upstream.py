@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import socket
@@ -110,6 +111,45 @@ async def test_calls_in_flight_fail_unavailable_when_the_plugin_goes(tmp_path, m
         assert gone.value.code is StatusCode.UNAVAILABLE
     finally:
         await upstream.close()
+
+
+@pytest.mark.parametrize("abandon", ["timeout", "cancel"])
+async def test_a_call_given_up_on_leaves_no_unretrieved_error_at_close(
+    tmp_path, make_upstream, abandon
+):
+    # A call of the proxy's own that timed out, or whose task shutdown cancelled, is failed
+    # by close(); nothing awaits it any more, so asyncio must not print "Future exception
+    # was never retrieved" on stderr as the proxy stops.
+    gc.collect()  # what earlier tests left is not this test's
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    path = str(tmp_path / "plugin.sock")
+    upstream = make_upstream(path, io.StringIO())
+    plugin = ScriptedPlugin()
+    plugin.answer(INFO, b"", delay=5.0)
+    server = await start_plugin(path, plugin)
+    upstream.start()
+    try:
+        assert await upstream.wait_ready(5)
+        if abandon == "timeout":
+            with pytest.raises(UpstreamError):
+                await upstream.unary(INFO, b"", 0.2)
+        else:
+            pending = asyncio.ensure_future(upstream.unary(INFO, b"", 10.0))
+            await wait_until(lambda: bool(plugin.seen))
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+        await upstream.close()
+        await asyncio.sleep(0)
+        gc.collect()
+        await asyncio.sleep(0)
+        assert [c["message"] for c in unhandled] == []
+    finally:
+        loop.set_exception_handler(None)
+        await upstream.close()
+        await server.stop(0)
 
 
 async def test_a_socket_that_is_not_an_http2_server_is_never_up(tmp_path, make_upstream):

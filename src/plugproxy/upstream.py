@@ -344,6 +344,12 @@ class _Client(asyncio.Protocol):
             self.h2.reset(end, frames.CANCEL)
             self.h2.flush()
             raise UpstreamError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        except asyncio.CancelledError:
+            # Nobody waits for the answer any more (a task ended at shutdown): cancel the
+            # stream, so that close() does not fail it into a future no one retrieves.
+            self.h2.reset(end, frames.CANCEL)
+            self.h2.flush()
+            raise
 
     def _fail_all(self, why: str) -> None:
         for end in list(self.h2.streams.values()):
