@@ -418,10 +418,15 @@ def matrix_problems(spec: str, entries: dict[str, Entry] | None = None) -> list[
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Normative statements and their coverage.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    # The spec as --spec names it (csi.v1) or as the matrix files do (csi_v1).
+    def spec_name(name: str) -> str:
+        return name.replace(".", "_")
+
     listing = sub.add_parser("list", help="print the statements of a spec")
-    listing.add_argument("spec", choices=sorted(SPEC_TEXTS))
+    listing.add_argument("spec", type=spec_name, choices=sorted(SPEC_TEXTS))
     check = sub.add_parser("check", help="check a spec's matrix; print its counts")
-    check.add_argument("spec", choices=sorted(SPEC_TEXTS))
+    check.add_argument("spec", type=spec_name, choices=sorted(SPEC_TEXTS))
     ns = parser.parse_args(argv)
     if ns.command == "list":
         for s in statements(ns.spec):
