@@ -91,7 +91,7 @@ NOT_HERE: dict[str, str] = {
     "plugproxy webhook --tls-cert /tls/tls.crt --tls-key /tls/tls.key": (
         "a Secret's certificate mounted at /tls; tests/test_webhook.py serves the webhook"
     ),
-    "kubectl -n <ns> logs <pod> -c plugproxy | head -1": CLUSTER,
+    "kubectl -n <ns> logs <pod> -c plugproxy | grep -m1 'plugproxy listening'": CLUSTER,
     "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317": (
         "a collector named collector; tests/integration/test_trace_propagation.py exports to a"
         " real OTLP receiver"
