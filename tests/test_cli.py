@@ -41,6 +41,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["serve", "--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/p.sock", "--max-message-bytes", "lots"], {}, "not a size"),
         (["serve"], {"PLUGPROXY_LISTEN": "unix:///tmp/a.sock", "PLUGPROXY_UPSTREAM": "unix:///tmp/p.sock", "PLUGPROXY_SHUTDOWN_GRACE": "soon"}, "PLUGPROXY_SHUTDOWN_GRACE"),
         (["serve", "--listen", "unix:///tmp/same.sock", "--upstream", "unix:///tmp/same.sock"], {}, "same socket"),
+        (["serve", "--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/p.sock"], {"PLUGPROXY_INSECURE_TCP": "maybe"}, "expected true or false (or 1/0, yes/no, on/off)"),
+        (["prepare-dir", "relative/dir"], {}, "expected an absolute path"),
     ],
 )  # fmt: skip
 def test_misconfiguration_fails_fast_with_one_line(args, env, expected):
@@ -295,3 +297,14 @@ def test_every_subcommand_has_a_description_and_every_option_its_default(monkeyp
             if "default" not in entry.lower() or shown.split(",")[0] not in entry:
                 missing.append(f"{name} {action.option_strings[0]} (default {shown}): {entry}")
     assert not missing, "\n".join(missing)
+
+
+def test_fake_plugin_help_names_the_short_spec_names_it_takes():
+    from plugproxy.fakes.server import FAKE_SPECS
+    from plugproxy.registry import SPEC_ALIASES
+
+    text = " ".join(run_cli("fake-plugin", "--help").stdout.split())
+    served = [alias for alias, spec in SPEC_ALIASES.items() if spec in FAKE_SPECS]
+    assert served, "no short name for a spec the fakes serve"
+    for alias in served:
+        assert f"{alias} ({SPEC_ALIASES[alias]})" in text

@@ -882,7 +882,7 @@ def test_broken_yaml_names_the_file_and_line_and_exits_2(
         code, out, err = run(capsys, *args)
         assert (code, out) == (2, ""), args
         (single,) = err.splitlines()
-        assert single.startswith(f"plugproxy: error: {path}:{line}: not valid YAML: "), single
+        assert single.startswith(f"plugproxy inject: error: {path}:{line}: not valid YAML: "), single
         assert problem in single
     assert (path.parent / "other.yaml").read_text() == (FIXTURES / "cmi.yaml").read_text()
 
@@ -894,7 +894,7 @@ def test_a_file_that_is_not_text_is_one_line(
     path.write_bytes(b"kind: Pod\n\xff\xfe\n")
     code, out, err = run(capsys, str(path))
     assert (code, out) == (2, "")
-    assert err == f"plugproxy: error: {path}: not UTF-8 text (byte 10)\n"
+    assert err == f"plugproxy inject: error: {path}: not UTF-8 text (byte 10)\n"
 
 
 def plugproxy_command() -> list[str]:

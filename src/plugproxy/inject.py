@@ -1407,7 +1407,11 @@ def options_from(ns: argparse.Namespace) -> InjectOptions:
     )
 
 
-def input_files(paths: Sequence[str]) -> list[str]:
+def input_files(paths: Sequence[str], in_place: bool = False) -> list[str]:
+    """The files ``paths`` name (directories: their YAML files below); "-" is stdin, which
+    --in-place cannot rewrite."""
+    if in_place and "-" in paths:
+        raise ConfigError("--in-place needs files, not stdin")
     files: list[str] = []
     for raw in paths:
         path = pathlib.Path(raw)
@@ -1511,12 +1515,15 @@ def summary(seen: Sequence[Seen], remove: bool, default_image: bool) -> tuple[li
 
 
 def run_sync(ns: argparse.Namespace) -> int:
-    opts = options_from(ns)
-    files = input_files(ns.paths)
-    if ns.in_place and "-" in files:
-        raise ConfigError("--in-place needs files, not stdin")
-    sources = [(read_source(name), name) for name in files]
-    result = transform_texts(sources, opts, ns.remove)
+    try:
+        opts = options_from(ns)
+        files = input_files(ns.paths, ns.in_place)
+        sources = [(read_source(name), name) for name in files]
+        result = transform_texts(sources, opts, ns.remove)
+    except ConfigError as exc:
+        # The same prefix as every other line inject writes on stderr.
+        print(f"plugproxy inject: error: {exc}", file=sys.stderr)
+        return 2
     results = [(name, text, new) for (text, name), new in zip(sources, result.texts, strict=True)]
     for line in result.warnings:
         print(f"plugproxy inject: warning: {line}", file=sys.stderr)

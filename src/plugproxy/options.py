@@ -74,7 +74,7 @@ def _parse_bool(raw: str, env: str) -> bool:
         return True
     if value in ("0", "false", "no", "off", ""):
         return False
-    raise ConfigError(f"{env}={raw!r}: expected true or false")
+    raise ConfigError(f"{env}={raw!r}: expected true or false (or 1/0, yes/no, on/off)")
 
 
 def _convert(opt: Option, raw: str) -> Any:

@@ -50,7 +50,9 @@ def prepare(path: pathlib.Path, owner: tuple[int, int] | None, mode: int | None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="directories to prepare")
+    parser.add_argument(
+        "paths", nargs="+", metavar="PATH", help="absolute paths of the directories to prepare"
+    )
     parser.add_argument("--owner", metavar="UID:GID", help="numeric owner and group to give them")
     parser.add_argument("--mode", metavar="MODE", help="octal permissions to give them, e.g. 0770")
 

@@ -29,7 +29,15 @@ ENDPOINT_VARIABLES = {"csi": "CSI_ENDPOINT", "cosi": "COSI_ENDPOINT", "cmi": "CM
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     specs = "|".join(FAKE_SPECS)
     parser.add_argument(
-        "--spec", dest="fake_spec", metavar=specs, help="which spec the fake plugin serves"
+        "--spec",
+        dest="fake_spec",
+        metavar=specs,
+        help="which spec the fake plugin serves; also by the short names "
+        + ", ".join(
+            f"{alias} ({SPEC_ALIASES[alias]})"
+            for alias in SPEC_ALIASES
+            if SPEC_ALIASES[alias] in FAKE_SPECS
+        ),
     )
     parser.add_argument(
         "--listen",
