@@ -14,6 +14,7 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
+from plugproxy import report
 from plugproxy.api import Call, LazyMessage, Runtime
 from plugproxy.cli import main
 from plugproxy.endpoints import ConfigError
@@ -324,6 +325,49 @@ async def test_violations_and_metrics_over_http(recorder):
         'plugproxy_violations_total{level="MUST",method="/csi.v1.Controller/DeleteVolume",'
         'party="co",rule="csi.required-field",spec="csi.v1"} 3.0'
     ) in metrics
+
+
+async def test_violations_say_how_many_calls_enforce_rejected(recorder):
+    """Enforce answers requests breaking a MUST with a prescribed answer itself; the report
+    counts those calls per entry, and plugin-side violations stay reported only."""
+    plugin, upstream, listen = recorder
+    plugin.raw["/csi.v1.Identity/GetPluginInfo"] = lambda req: b""  # no name, no version
+    proxy = await start_proxy(
+        listen, upstream, "--admin-listen", "127.0.0.1:0", "--validation", "enforce"
+    )
+    out = capture_log(proxy)
+    try:
+        for _ in range(2):
+            _, err = await unary(listen, DELETE, csi("DeleteVolumeRequest").SerializeToString())
+            assert err is not None and err.code() is grpc.StatusCode.INVALID_ARGUMENT
+        await unary(listen, "/csi.v1.Identity/GetPluginInfo", b"")
+        base = f"http://127.0.0.1:{proxy.admin.port}"
+        data = json.loads(await asyncio.to_thread(http_get, base + "/violations"))
+    finally:
+        await proxy.stop(0)
+    assert data["mode"] == "enforce" and data["calls_judged"] == 3
+    assert data["calls_judged_by_spec"] == {"csi.v1": 3}
+    counts = {
+        (e["method"].rsplit("/", 1)[1], e["party"]): (e["count"], e["rejected"])
+        for e in data["violations"]
+    }
+    # (name and vendor_version are both missing: two occurrences in one call)
+    assert counts == {("DeleteVolume", "co"): (2, 2), ("GetPluginInfo", "plugin"): (2, 0)}
+    assert data["total"] == 4 and data["rejected"] == 2
+    logged = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [line.get("rejected") for line in logged if line["event"] == "violation"] == [
+        True,
+        True,
+        None,
+        None,
+    ]
+    text = io.StringIO()
+    report.render(data, text, width=100)
+    assert (
+        "count       2\n   rejected    2 of 2: the proxy answered those calls itself"
+        in text.getvalue()
+    )
+    assert "rejected    0: reported only" in text.getvalue()
 
 
 # -- capabilities -----------------------------------------------------------------------------

@@ -118,7 +118,11 @@ def _make_handler(routes: dict[str, AdminHandler], logger: Logger) -> type[BaseH
             path = self.path.split("?", 1)[0]
             route = routes.get(path)
             if route is None:
-                status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
+                # Naming the paths served tells a wrong path from a route that is off
+                # (`plugproxy report` reads it: no /violations means validation is off).
+                served = ", ".join(sorted(routes))
+                body = f"not found; this plugproxy admin server answers {served}\n".encode()
+                status, ctype = 404, "text/plain; charset=utf-8"
             else:
                 try:
                     status, ctype, body = route()

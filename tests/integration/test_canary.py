@@ -6,8 +6,8 @@ with distinct recognizable values (each oneof alternative in turn), canaries in 
 sensitive field. They cross a real proxy built with the configured pipeline (and payload
 logging, tracing and validation when those exist) to a plugin that answers with canaries of
 its own, once with an error message repeating a request secret. Then no canary may appear in
-stdout, stderr, /metrics, /violations or any exported span, while the non-secret strings of
-the same messages do appear in the payload log.
+stdout, stderr, /metrics, /violations, the violations file or any exported span, while the
+non-secret strings of the same messages do appear in the payload log.
 """
 
 from __future__ import annotations
@@ -208,6 +208,12 @@ def _optional_flags() -> list[str]:
     return flags
 
 
+def _record_flags(path: str) -> list[str]:
+    """--violations-file when the validation stage has it: every violation appended."""
+    known = {opt.flag for opt in serve.all_options()}
+    return ["--violations-file", path] if "--violations-file" in known else []
+
+
 def _sensitive_methods(registry: Registry, red: redact.Redactor, spec: str) -> list[MethodInfo]:
     methods = []
     for method in registry.methods(spec):
@@ -231,6 +237,7 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     upstream = str(tmp_path / "plugin.sock")
     listen = str(tmp_path / "proxy.sock")
+    record = str(tmp_path / "violations.jsonl")
     plugin = Plugin()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([plugin])
@@ -246,6 +253,7 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
         "--redact",
         EXTRA_PATHS[spec],
         *_optional_flags(),
+        *_record_flags(record),
     )
     memory: Any = None
     if tracing:
@@ -327,6 +335,11 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
         await proxy.stop(0)
         await server.stop(0)
     captured = capfd.readouterr()
+    written = ""
+    if _record_flags(record):  # the violations file, read once the proxy has stopped
+        with open(record, encoding="utf-8") as f:
+            written = f.read()
+        assert '"event":"stop"' in written
     spans = ""
     if memory is not None:
         spans = "\n".join(s.to_json() for s in memory.get_finished_spans())
@@ -348,6 +361,7 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
         "stderr": captured.err,
         "/metrics": metrics,
         "/violations": violations,
+        "the violations file": written,
         "spans": spans,
     }
     for where, text in outputs.items():

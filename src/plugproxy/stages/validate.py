@@ -6,12 +6,14 @@ serialize (a rejected request never waits for a volume lock).
 Modes (``--validation``, per rule ``--rule ID=MODE``):
 
 - ``audit`` (default): calls pass untouched; each violation is logged, counted
-  (``plugproxy_violations_total`` and ``GET /violations``) and added as a call event.
+  (``plugproxy_violations_total`` and ``GET /violations``; with ``--violations-file`` also
+  appended to a file that outlives a restart, :mod:`plugproxy.violationlog`) and added as a
+  call event.
 - ``enforce``: a request breaking a MUST rule whose spec prescribes the answer is answered
   by the proxy itself, with that answer, and never reaches the plugin (INVALID_ARGUMENT;
-  FAILED_PRECONDITION for NodePublishVolume before NodeStageVolume). SHOULD rules and MUST
-  rules without a prescribed answer are reported only. Responses are never altered or
-  blocked, only audited.
+  FAILED_PRECONDITION for NodePublishVolume before NodeStageVolume); the report counts the
+  violations of such calls as rejected. SHOULD rules and MUST rules without a prescribed
+  answer are reported only. Responses are never altered or blocked, only audited.
 - ``off``: the stage is not built at all.
 
 The rules are data (:mod:`plugproxy.rules`), compiled per message type for each spec before
@@ -27,6 +29,8 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Container, Iterable, Mapping, Sequence
@@ -37,6 +41,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2
 from prometheus_client import Counter
 
+from plugproxy import __version__
 from plugproxy.api import (
     Call,
     LazyMessage,
@@ -49,7 +54,7 @@ from plugproxy.api import (
 )
 from plugproxy.endpoints import ConfigError
 from plugproxy.keys import KEY_TABLES, keys_of
-from plugproxy.options import Option, duration, value_source
+from plugproxy.options import SIZE_HELP, Option, byte_size, duration, value_source
 from plugproxy.rules import TABLES, all_rules, annotated, find_rule
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
@@ -69,6 +74,13 @@ from plugproxy.rules.engine import (
 from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest, remember
 from plugproxy.rules.state import CAPABILITY_TTL, SpecState
 from plugproxy.sampling import Sample
+from plugproxy.violationlog import (
+    DEFAULT_MAX_BYTES,
+    MIN_MAX_BYTES,
+    Tally,
+    ViolationFile,
+    utc,
+)
 
 OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
 MODES = (OFF, AUDIT, ENFORCE)
@@ -93,6 +105,21 @@ OPTIONS: list[Option] = [
         default=1.0,
         type=duration,
         metavar="DURATION",
+    ),
+    Option(
+        "--violations-file",
+        "append each violation to this file (JSON lines) and count what it holds at start,"
+        " so the record outlives a restart; `plugproxy report --file PATH` reads it. Put it"
+        " on a volume that outlives what it must (docs/observability.md)",
+        metavar="PATH",
+    ),
+    Option(
+        "--violations-file-max-bytes",
+        "the violations file and the one it was rotated to (PATH.1) hold at most this"
+        f" together; the latest records are kept ({SIZE_HELP})",
+        default=DEFAULT_MAX_BYTES,
+        type=byte_size,
+        metavar="SIZE",
     ),
 ]
 
@@ -266,15 +293,47 @@ def parse_rule_modes(
 
 
 class ViolationReport:
-    """Counts per (rule, method, party) for GET /violations; read from the admin thread."""
+    """Counts per (rule, method, party) for GET /violations, and the calls judged, by spec;
+    read from the admin thread. With a violations file it starts from what the file holds
+    (earlier runs) and appends each violation to it."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        mode: str = AUDIT,
+        rule_modes: Mapping[str, str] | None = None,
+        earlier: Tally | None = None,
+        file: ViolationFile | None = None,
+    ) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.since = time.time()
-        # Calls the stage judged (their answer included): the report's denominator. Written
-        # on the event loop, read by the admin thread; an int is enough.
-        self.calls_judged = 0
+        self.started = time.time()
+        self.run = os.urandom(4).hex()  # this run's id in the file's records
+        self.mode = mode
+        self.rule_modes = dict(rule_modes or {})
+        self.tally = earlier if earlier is not None else Tally()
+        self.tally.mark_earlier()
+        self.tally.seen(self.started)
+        self.tally.run(self.run).update(started=self.started, mode=mode, rule_modes=self.rule_modes)
+        self.file = file
+        # Calls the stage judged in this run (their answer included), by spec: the report's
+        # denominator. Written on the event loop; the admin thread and the file's writer
+        # read copies (dict.copy is atomic).
+        self.judged: dict[str, int] = {}
+
+    @property
+    def calls_judged(self) -> int:
+        return sum(self.tally.calls_judged(self.judged.copy()).values())
+
+    def run_record(self) -> dict[str, Any]:
+        """This run's ``run`` record for the violations file."""
+        return {
+            "time": self.started,
+            "run": self.run,
+            "started": self.started,
+            "mode": self.mode,
+            "rule_modes": self.rule_modes,
+            "version": __version__,
+            "host": socket.gethostname(),
+        }
 
     def add(
         self,
@@ -286,52 +345,62 @@ class ViolationReport:
         message: str,
         field: str = "",
         request_id: str = "",
+        rejected: bool = False,
     ) -> None:
-        key = (rule.id, method, party)
         now = time.time()
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = {
-                    "rule": rule.id,
-                    "method": method,
-                    "party": party,
+            self.tally.violation(
+                now,
+                spec,
+                rule.id,
+                rule.level,
+                method,
+                party,
+                section,
+                message,
+                field,
+                request_id,
+                rejected,
+                self.run,
+            )
+        if self.file is not None:
+            self.file.add(
+                {
+                    "event": "violation",
+                    "time": now,
+                    "run": self.run,
                     "spec": spec,
+                    "rule": rule.id,
                     "level": rule.level,
+                    "party": party,
+                    "method": method,
+                    "field": field,
                     "section": section,
-                    "count": 0,
-                    "first_seen": now,
+                    "request_id": request_id,
+                    "rejected": rejected,
+                    "message": message,
                 }
-                self._entries[key] = entry
-            entry["count"] += 1
-            entry["last_field"] = field
-            entry["last_message"] = message
-            entry["last_request_id"] = request_id
-            entry["last_seen"] = now
+            )
+
+    def body(self) -> dict[str, Any]:
+        with self._lock:
+            data = self.tally.report(time.time(), self.run, self.judged.copy())
+        data["started"] = utc(self.started)
+        if self.file is not None:
+            data["violations_file"] = {
+                "path": self.file.path,
+                "max_bytes": self.file.max_bytes,
+                "write_errors": self.file.write_errors,
+                "lost": self.file.lost,
+            }
+        return data
 
     def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            entries = [dict(e) for e in self._entries.values()]
-        entries.sort(key=lambda e: (-e["count"], e["rule"], e["method"]))
-        for e in entries:
-            e["first_seen"] = _utc(e["first_seen"])
-            e["last_seen"] = _utc(e["last_seen"])
+        entries: list[dict[str, Any]] = self.body()["violations"]
         return entries
 
     def handler(self) -> tuple[int, str, bytes]:
-        entries = self.snapshot()
-        body = {
-            "since": _utc(self.since),
-            "until": _utc(time.time()),
-            "calls_judged": self.calls_judged,
-            "total": sum(e["count"] for e in entries),
-            "violations": entries,
-        }
-        return 200, "application/json", json.dumps(body, indent=1).encode() + b"\n"
-
-
-def _utc(when: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+        return 200, "application/json", json.dumps(self.body(), indent=1).encode() + b"\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +408,7 @@ class _Plan:
     """Everything one method's calls need, resolved before its first call."""
 
     spec: CompiledSpec
+    spec_name: str  # the spec's name, "csi.v1": reports count calls judged by it
     state: SpecState
     rpc: str
     request_checker: Any
@@ -455,12 +525,12 @@ class ValidateStage(Stage):
         mode: str,
         rule_modes: dict[str, str],
         query_timeout: float = 1.0,
+        file: ViolationFile | None = None,
     ) -> None:
         self.runtime = runtime
         self.logger = runtime.logger
         self.upstream = runtime.upstream
         self.query_timeout = query_timeout
-        self.report = ViolationReport()
         self.mode = mode
         self.rule_modes = rule_modes  # --rule overrides, by rule id
         self.counter: Any = None
@@ -470,6 +540,28 @@ class ValidateStage(Stage):
                 "Spec rule violations seen, by spec, rule, level, party and method",
                 ["spec", "rule", "level", "party", "method"],
                 registry=runtime.metrics,
+            )
+        earlier = None
+        if file is not None:
+            earlier = file.load()
+            if runtime.metrics is not None:
+                file.errors = Counter(
+                    "plugproxy_violations_file_write_errors",
+                    "Appends to the violations file that failed (their violations stay"
+                    " counted in memory)",
+                    registry=runtime.metrics,
+                )
+        self.report = ViolationReport(mode, rule_modes, earlier, file)
+        if file is not None:
+            file.open(self.report.run_record(), self.report.judged.copy)
+            assert earlier is not None
+            self.logger.info(
+                "violations file",
+                path=file.path,
+                earlier_runs=len(earlier.runs) - 1,
+                earlier_violations=sum(e["count"] for e in earlier.entries.values()),
+                since=utc(earlier.first) if earlier.first is not None else None,
+                unreadable_lines=earlier.unreadable,
             )
         runtime.admin_routes["/violations"] = self.report.handler
         self._queries: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -495,6 +587,14 @@ class ValidateStage(Stage):
 
     def _mode(self, rule_id: str) -> str:
         return self.rule_modes.get(rule_id, self.mode)
+
+    async def startup(self) -> None:
+        if self.report.file is not None:
+            self.report.file.start()
+
+    async def shutdown(self) -> None:
+        if self.report.file is not None:
+            await asyncio.to_thread(self.report.file.close)
 
     def _plan(self, cs: CompiledSpec, state: SpecState, method: MethodInfo) -> _Plan:
         t = cs.table
@@ -526,6 +626,7 @@ class ValidateStage(Stage):
             fix_first.pop("UNIMPLEMENTED", None)
         return _Plan(
             spec=cs,
+            spec_name=t.spec,
             state=state,
             rpc=rpc,
             request_checker=cs.checkers.get(method.request_class.DESCRIPTOR.full_name),
@@ -597,8 +698,9 @@ class ValidateStage(Stage):
         if req is None:
             error = lazy.decode_error or "cannot decode the request"
             v = Violation(plan.malformed, "", error, CO)
-            self._record(plan, call, (v,), CO)
-            if self._mode(plan.malformed.id) == ENFORCE:
+            enforce = self._mode(plan.malformed.id) == ENFORCE
+            self._record(plan, call, (v,), CO, rejected=enforce)
+            if enforce:
                 raise Reject(StatusCode.INVALID_ARGUMENT, f"plugproxy: {error}")
             return
         out: list[Violation] = []
@@ -624,9 +726,11 @@ class ValidateStage(Stage):
             if retried is not None:
                 out.append(retried)
         if out:
-            self._record(plan, call, out, CO)
+            enforced = self._enforced(out)
+            self._record(plan, call, out, CO, rejected=bool(enforced))
             self._remember_accepted(plan, call, out)
-            self._maybe_reject(out)
+            if enforced:
+                self._reject(enforced)
 
     def _retried(self, plan: _Plan, call: Call) -> Violation | None:
         """The CO re-sends a request the plugin refused with a fix-first code."""
@@ -695,9 +799,10 @@ class ValidateStage(Stage):
         if judged:
             call.stage_state.setdefault(_ACCEPTED, []).extend(judged)
 
-    def _maybe_reject(self, violations: list[Violation]) -> None:
-        # Only a MUST whose spec prescribes the answer is enforced, and with that answer.
-        enforced = [
+    def _enforced(self, violations: list[Violation]) -> list[Violation]:
+        """The violations the proxy rejects the request for: only a MUST whose spec
+        prescribes the answer is enforced, and with that answer."""
+        return [
             v
             for v in violations
             if v.rule.level == MUST
@@ -705,8 +810,9 @@ class ValidateStage(Stage):
             and v.enforceable
             and self._mode(v.rule.id) == ENFORCE
         ]
-        if not enforced:
-            return
+
+    @staticmethod
+    def _reject(enforced: list[Violation]) -> None:
         first = enforced[0]
         more = f" (and {len(enforced) - 1} more)" if len(enforced) > 1 else ""
         code = StatusCode[first.rule.reject_code or "INVALID_ARGUMENT"]
@@ -779,8 +885,10 @@ class ValidateStage(Stage):
             self._record(plan, call, out, PLUGIN)
 
     def on_finish(self, call: Call) -> None:
-        self.report.calls_judged += 1
         plan = self._plans[call.method.path]
+        judged = self.report.judged
+        spec = plan.spec_name
+        judged[spec] = judged.get(spec, 0) + 1
         flying = call.stage_state.get(_FLIGHT)
         if flying is not None:
             self._landed(plan, flying)
@@ -1148,8 +1256,17 @@ class ValidateStage(Stage):
 
     # -- recording ------------------------------------------------------------------------
 
-    def _record(self, plan: _Plan, call: Call, violations: Iterable[Violation], party: str) -> None:
-        spec = plan.spec.table.spec
+    def _record(
+        self,
+        plan: _Plan,
+        call: Call,
+        violations: Iterable[Violation],
+        party: str,
+        rejected: bool = False,
+    ) -> None:
+        """Log, count and report ``violations``; ``rejected``: the proxy answers the call
+        itself (enforce mode), so it never reaches the plugin."""
+        spec = plan.spec_name
         method = call.method.path
         request_id = call.stage_state.get("request_id")
         for v in violations:
@@ -1179,9 +1296,19 @@ class ValidateStage(Stage):
             }
             if request_id:
                 fields["request_id"] = request_id
+            if rejected:
+                fields["rejected"] = True
             self.logger.warning("violation", **fields)
             self.report.add(
-                spec, rule, method, who, section, v.message, v.field, str(request_id or "")
+                spec,
+                rule,
+                method,
+                who,
+                section,
+                v.message,
+                v.field,
+                str(request_id or ""),
+                rejected,
             )
             if self.counter is not None:
                 self.counter.labels(spec, rule.id, rule.level, who, method).inc()
@@ -1220,8 +1347,25 @@ def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
         value_source(ns, "--rule"),
     )
     if mode == OFF and all(m == OFF for m in rule_modes.values()):
+        if getattr(ns, "violations_file", None):
+            runtime.logger.warning(
+                "validation is off: the violations file is not written", path=ns.violations_file
+            )
         return None
     timeout = float(getattr(ns, "capability_query_timeout", 1.0))
     if timeout <= 0:
         raise ConfigError("--capability-query-timeout must be positive")
-    return ValidateStage(runtime, mode, rule_modes, timeout)
+    return ValidateStage(runtime, mode, rule_modes, timeout, violation_file(ns, runtime))
+
+
+def violation_file(ns: argparse.Namespace, runtime: Any) -> ViolationFile | None:
+    """The --violations-file writer, or None; ConfigError for a bound too small to hold
+    a few records."""
+    path = getattr(ns, "violations_file", None)
+    if not path:
+        return None
+    max_bytes = int(getattr(ns, "violations_file_max_bytes", DEFAULT_MAX_BYTES))
+    if max_bytes < MIN_MAX_BYTES:
+        source = value_source(ns, "--violations-file-max-bytes")
+        raise ConfigError(f"{source} must be at least {MIN_MAX_BYTES // 1024}KiB")
+    return ViolationFile(path, max_bytes, runtime.logger, value_source(ns, "--violations-file"))
