@@ -39,7 +39,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "plugproxy.demo",
         "run a fake plugin's calls through the proxy (a CSI volume lifecycle by default)",
     ),
-    "report": ("plugproxy.report", "print the spec violations a proxy has seen"),
+    "report": (
+        "plugproxy.report",
+        "print the spec violations a proxy has seen (its admin server or --violations-file)",
+    ),
     "call": (
         "plugproxy.call",
         "send one call to a plugin or proxy socket and print the answer as JSON",
