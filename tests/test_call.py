@@ -713,7 +713,8 @@ def test_the_demos_try_it_yourself_lines_work(tmp_path):
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    hint = result.stdout.split("\nTry it yourself:", 1)[1]
+    hint = result.stdout.split("\nTry it yourself", 1)[1]
+    assert ". .venv/bin/activate" in hint.splitlines()[0]  # the README's activation line
     lines = [line.strip() for line in hint.splitlines() if line.startswith("  plugproxy ")]
     assert lines == [*demo.TRY_IT_SERVERS, *demo.TRY_IT_CALLS]
     ran = run_recipe(

@@ -141,7 +141,10 @@ TRY_IT_CALLS = (
 
 
 def show_try_it(out: TextIO) -> None:
-    out.write("\nTry it yourself: start a fake plugin and the proxy in the background,\n")
+    out.write(
+        "\nTry it yourself, with plugproxy on the PATH (in the clone: . .venv/bin/activate):"
+        "\nstart a fake plugin and the proxy in the background,\n"
+    )
     out.writelines(f"  {line}\n" for line in TRY_IT_SERVERS)
     out.write("then send calls through the proxy (plugproxy call --help shows more):\n")
     out.writelines(f"  {line}\n" for line in TRY_IT_CALLS)
