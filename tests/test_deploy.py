@@ -519,6 +519,24 @@ def test_proxy_container_is_locked_down(w: Workload) -> None:
 
 
 @pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
+def test_the_violation_record_is_kept_where_inject_keeps_it(w: Workload) -> None:
+    """Validation on: the record survives a restart of the proxy's container in its /tmp
+    emptyDir, bounded well inside the volume's sizeLimit (past it the pod is evicted)."""
+    env = proxy_env(w)
+    assert env.get("PLUGPROXY_VALIDATION", "audit") != "off"
+    assert env.get("PLUGPROXY_VIOLATIONS_FILE") == inject.VIOLATIONS_FILE
+    assert env.get("PLUGPROXY_VIOLATIONS_FILE_MAX_BYTES") == inject.VIOLATIONS_MAX_BYTES
+    directory = posixpath.dirname(inject.VIOLATIONS_FILE)
+    mount = next(m for m in w.proxy["volumeMounts"] if m["mountPath"] == directory)
+    assert "subPath" not in mount
+    empty_dir = w.volume(mount["name"])["emptyDir"]
+    assert empty_dir.get("medium") != "Memory", "the record would count against memory"
+    bound = options.byte_size(inject.VIOLATIONS_MAX_BYTES)
+    assert bound <= options.byte_size(empty_dir["sizeLimit"]) // 2
+    assert empty_dir["sizeLimit"] == inject.TMP_SIZE
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=WORKLOAD_IDS)
 def test_every_container_has_requests_and_a_memory_limit(w: Workload) -> None:
     for container in [*w.pod.get("initContainers", []), *w.containers]:
         resources = container["resources"]

@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from plugproxy import cli, inject, serve
+from plugproxy import cli, inject, options, serve
 from plugproxy.options import duration
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -463,6 +463,47 @@ def test_flags_reach_the_proxy(capsys: pytest.CaptureFixture[str]) -> None:
     assert proxy["args"][-2:] == ["--serialize=wait", "--log-level=debug"]
 
 
+RECORD_FLAGS = ("--violations-file", "--violations-file-max-bytes")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ((), (inject.VIOLATIONS_FILE, inject.VIOLATIONS_MAX_BYTES)),
+        (("--validation=enforce",), (inject.VIOLATIONS_FILE, inject.VIOLATIONS_MAX_BYTES)),
+        (("--serve-arg=--validation=off",), (None, None)),  # no record to keep
+        # The user's own file: theirs alone, with their bound or serve's default.
+        (("--serve-arg=--violations-file=/record/v.jsonl",), ("/record/v.jsonl", None)),
+        (("--serve-arg=--violations-file-max-bytes=4MiB",), (inject.VIOLATIONS_FILE, "4MiB")),
+    ],
+)
+def test_the_violation_record_is_kept_in_the_proxys_tmp_volume(
+    extra: tuple[str, ...],
+    expected: tuple[str | None, str | None],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    source = (FIXTURES / "csi-node-env.yaml").read_text(encoding="utf-8")
+    code, out, err = run(capsys, "--image", IMAGE, *extra, "-", stdin=source)
+    assert code == 0, err
+    pod = pods(out)["acme-csi-node"]
+    proxy = pod.container("plugproxy")
+    for flag in RECORD_FLAGS:
+        assert sum(w.partition("=")[0] == flag for w in proxy["args"]) <= 1, flag
+    flags = proxy_flags(proxy)
+    assert tuple(flags.get(f) for f in RECORD_FLAGS) == expected
+    if expected[0] == inject.VIOLATIONS_FILE:
+        # Directly on the emptyDir at /tmp (serve makes no directory), bounded within it.
+        tmp = next(m for m in proxy["volumeMounts"] if m["mountPath"] == "/tmp")
+        assert posixpath.dirname(inject.VIOLATIONS_FILE) == tmp["mountPath"]
+        empty_dir = pod.volume(tmp["name"])["emptyDir"]
+        bound = options.byte_size(flags["--violations-file-max-bytes"])
+        assert bound <= options.byte_size(empty_dir["sizeLimit"]) // 2
+    # --remove takes the record's flags away with the container.
+    code, removed, err = run(capsys, "--remove", "-", stdin=out)
+    assert (code, removed) == (0, source), err
+    assert "violations" not in removed
+
+
 def test_cmi_provider_moves_to_the_next_free_port(capsys: pytest.CaptureFixture[str]) -> None:
     pod = pods(injected_text(capsys, "cmi.yaml"))["acme-machines"]
     assert env_of(pod.container("provider"))["CMI_ENDPOINT"] == "tcp://127.0.0.1:8081"
@@ -882,7 +923,9 @@ def test_broken_yaml_names_the_file_and_line_and_exits_2(
         code, out, err = run(capsys, *args)
         assert (code, out) == (2, ""), args
         (single,) = err.splitlines()
-        assert single.startswith(f"plugproxy inject: error: {path}:{line}: not valid YAML: "), single
+        assert single.startswith(f"plugproxy inject: error: {path}:{line}: not valid YAML: "), (
+            single
+        )
         assert problem in single
     assert (path.parent / "other.yaml").read_text() == (FIXTURES / "cmi.yaml").read_text()
 

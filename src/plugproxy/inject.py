@@ -53,7 +53,7 @@ from plugproxy import __version__, serve
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import add_options, duration
 from plugproxy.registry import SPEC_NAMES
-from plugproxy.stages.validate import MODES
+from plugproxy.stages.validate import MODES, OFF
 
 PREFIX = "plugproxy.io/"
 RECORD = PREFIX + "injected"  # what injection changed, so it can be undone exactly
@@ -63,6 +63,14 @@ PROXY = "plugproxy"
 PREPARE = "plugproxy-prepare-socket-dir"
 INNER_VOLUME = "plugproxy-upstream"
 TMP_VOLUME = "plugproxy-tmp"
+TMP_SIZE = "16Mi"  # the sizeLimit of TMP_VOLUME, which the proxy mounts at /tmp
+# The violation record (serve --violations-file) of an injected proxy: in TMP_VOLUME, which
+# outlives a restart of the container (not the pod). Directly in /tmp, since serve does not
+# create a missing directory. Its bound is given, not left to serve's default (10MiB): the
+# file and PATH.1 stay under it (a line at most over), and a pod whose emptyDir passes its
+# sizeLimit is evicted, so half the volume stays free for whatever else lands in /tmp.
+VIOLATIONS_FILE = "/tmp/violations.jsonl"
+VIOLATIONS_MAX_BYTES = "8MiB"
 ADMIN_PORT_NAME = "plugproxy-admin"
 UID = 65532  # plugproxy's image user, and the pod group it adds
 MAX_UID = 2**31 - 1
@@ -825,6 +833,12 @@ def inject_pod(
         args.append(f"--listen-wait={_grace(term)}")
     if p.loc[0] == "tcp":
         args.append("--insecure-tcp")  # both hops on the pod's loopback
+    validation = _serve_flag(opts.serve_args, "--validation") or opts.validation
+    if validation != OFF and _serve_flag(opts.serve_args, "--violations-file") is None:
+        # The auditor's record survives the proxy container's restarts.
+        args.append(f"--violations-file={VIOLATIONS_FILE}")
+        if _serve_flag(opts.serve_args, "--violations-file-max-bytes") is None:
+            args.append(f"--violations-file-max-bytes={VIOLATIONS_MAX_BYTES}")
     args += opts.serve_args
     run_group = group if isinstance(group, int) else UID
     proxy = {
@@ -904,7 +918,7 @@ def inject_pod(
                 added.append("initContainers")
             inits.append(_convert(pod, prepare))
             prepared = f"; {PREPARE} gives {target} to group {run_group} first"
-    volumes.append(_convert(pod, {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}))
+    volumes.append(_convert(pod, {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": TMP_SIZE}}))
 
     if meta.get("annotations") is None:
         meta["annotations"] = _new_map(meta)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import os
 import pathlib
 import posixpath
@@ -236,17 +237,24 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
     # The driver listens where its own flags say, seen through its own mounts.
     driver_sock = pod.host_path(driver, flag(driver, "--endpoint", "--csi-endpoint"))
     # The proxy runs with the container's args; only the admin port is made free locally,
-    # and the socket paths are mapped to where its mounts put them.
+    # and the socket and violations file paths are mapped to where its mounts put them.
     admin_port = free_port()
     args = []
+    record = None
     for word in proxy["args"]:
         key, _, value = word.partition("=")
         if key in ("--listen", "--upstream"):
             args.append(f"{key}=unix://{pod.host_path(proxy, value)}")
+        elif key == "--violations-file":
+            record = pod.host_path(proxy, value)
+            args.append(f"{key}={record}")
         elif key == "--admin-listen":
             args.append(f"{key}=127.0.0.1:{admin_port}")
         else:
             args.append(word)
+    # The violation record is in the pod's plugproxy-tmp emptyDir, which outlives the
+    # proxy container's restarts.
+    assert record == short_tmp / inject.TMP_VOLUME / posixpath.basename(inject.VIOLATIONS_FILE)
     procs: list[asyncio.subprocess.Process] = []
 
     async def start(who: str, *argv: str) -> None:
@@ -266,8 +274,17 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
         )
 
     try:
+        # A vendor_version over 128 bytes: a violation for the record (audit passes it on).
         await start(
-            "driver", "-c", DRIVER_SCRIPT, "--spec", "csi.v1", "--listen", f"unix://{driver_sock}"
+            "driver",
+            "-c",
+            DRIVER_SCRIPT,
+            "--spec",
+            "csi.v1",
+            "--listen",
+            f"unix://{driver_sock}",
+            "--misbehave",
+            "string-too-long",
         )
         await start("plugproxy", "-m", "plugproxy", *args)
         co_sock = pod.host_path(co, flag(co, "--csi-address"))
@@ -310,6 +327,10 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
             assert info.name and info.vendor_version
         # kubelet's readiness probe, on the injected admin port path.
         await wait_for(lambda: ready(admin_port), "/readyz 200", procs)
+        # The violation reaches the file within a second or so.
+        await wait_for(
+            lambda: b'"event":"violation"' in record.read_bytes(), "violation written", procs
+        )
     finally:
         for proc in procs:
             if proc.returncode is None:
@@ -320,3 +341,17 @@ async def test_get_plugin_info_crosses_the_injected_pod(name: str, short_tmp: pa
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+    # What `kubectl exec <pod> -c plugproxy -- plugproxy report --file ...` prints.
+    reader = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "plugproxy", "report", "--file", str(record), "--format", "json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(reader.communicate(), 60)
+    assert reader.returncode == 0, err.decode()
+    report = json.loads(out)
+    assert report["total"] >= 1 and report["mode"] == "audit"
+    assert {v["method"] for v in report["violations"]} == {"/csi.v1.Identity/GetPluginInfo"}
+    (run,) = report["runs"]
+    assert run["stopped"], "the proxy stopped in order and said so in the file"

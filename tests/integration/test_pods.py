@@ -46,6 +46,7 @@ import yaml
 
 from plugproxy.fakes import SpecClient
 from plugproxy.inject import DEFAULT_IMAGE as IMAGE
+from plugproxy.inject import VIOLATIONS_FILE
 from tests.support import built_image, free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -592,6 +593,20 @@ async def test_played_pod(layout: Layout, played: dict[str, Played]) -> None:
         state = states[p.name(name)]
         assert state["State"]["Status"] == "running", f"{name}: {state['State']}"
         assert state["RestartCount"] == 0, f"{name} restarted: {container_logs(p.name(name))}"
+
+    # The violation record (inject's flag, the shipped manifests' variable) is kept in the
+    # proxy's /tmp emptyDir, and `plugproxy report --file` reads it there as the docs say.
+    out = await asyncio.to_thread(
+        podman,
+        "exec",
+        p.name("plugproxy"),
+        "plugproxy",
+        "report",
+        "--file",
+        VIOLATIONS_FILE,
+        "--format=json",
+    )
+    assert [run["mode"] for run in json.loads(out)["runs"]] == ["audit"]
 
     # SIGTERM to the whole pod; a call in flight (the controller's GetCapacity takes 1 s)
     # must still complete.
