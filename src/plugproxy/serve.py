@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
@@ -278,7 +277,6 @@ class ProxyServer:
             stages if stages is not None else pipeline.build_stages(ns, self.runtime)
         )
         self.proxy: GrpcRelay | None = None
-        self._grpc_calls = _CallCount()  # the gRPC relay's calls in flight
         self.relay: FrameRelay | None = None
         if self.settings.relay == "frames":
             self.relay = FrameRelay(
@@ -433,7 +431,6 @@ class ProxyServer:
     async def _start_grpc_server(self) -> None:
         import grpc  # noqa: PLC0415
 
-        assert self.proxy is not None
         size = self.ns.max_message_bytes
         self.server = grpc.aio.server(
             options=[
@@ -445,13 +442,15 @@ class ProxyServer:
             interceptors=self.transport.server_interceptors(),
             maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
         )
-        self.server.add_generic_rpc_handlers([_counting(self.proxy, self._grpc_calls)])
+        self.server.add_generic_rpc_handlers([self.proxy])
         self.port = self.transport.add_listen_port(self.server)
         await self.server.start()
 
     def calls_in_flight(self) -> int:
         """Calls between arrival and their status, on either relay."""
-        return self.relay.active if self.relay is not None else self._grpc_calls.value
+        if self.relay is not None:
+            return self.relay.active
+        return self.proxy.active if self.proxy is not None else 0
 
     async def stop_now(self) -> None:
         """End the calls in flight at once (a second signal while :meth:`stop` drains them):
@@ -487,49 +486,6 @@ class ProxyServer:
         if self.tls_diagnostics is not None:
             await self.tls_diagnostics.close()
         await self.upstream.close()
-
-
-class _CallCount:
-    value = 0
-
-
-def _counting(relay: GrpcRelay, count: _CallCount) -> grpc.GenericRpcHandler:
-    """The gRPC relay's handler, each call counted in ``count`` while it runs (the frame
-    relay counts its own): what the shutdown line says is in flight."""
-    import grpc  # noqa: PLC0415
-
-    def counted(behavior: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.isasyncgenfunction(behavior):
-
-            async def stream(*args: Any) -> AsyncIterator[Any]:
-                count.value += 1
-                try:
-                    async for item in behavior(*args):
-                        yield item
-                finally:
-                    count.value -= 1
-
-            return stream
-
-        async def call(*args: Any) -> Any:
-            count.value += 1
-            try:
-                return await behavior(*args)
-            finally:
-                count.value -= 1
-
-        return call
-
-    class Counting(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untyped
-        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-            handler = relay.service(details)
-            for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-                behavior = getattr(handler, kind, None)
-                if behavior is not None:
-                    return handler._replace(**{kind: counted(behavior)})
-            return handler
-
-    return Counting()
 
 
 def _task_count(loop: asyncio.AbstractEventLoop) -> AdminHandler:

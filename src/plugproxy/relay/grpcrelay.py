@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +115,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         self.stages = stages
         self.logger = logger
         self.plugin_wait = plugin_wait
+        self.active = 0  # calls between arrival and their status (the shutdown line's count)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {
             info.path: self._handler(info) for info in registry.methods()
         }
@@ -140,19 +140,43 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
         if kind is CallKind.UNARY_UNARY:
             method = _Method(info, chain, channel.unary_unary(info.path))
             fn: Any = self._passthrough_unary if chain is None else self._unary_unary
-            return grpc.unary_unary_rpc_method_handler(functools.partial(fn, method))
+            return grpc.unary_unary_rpc_method_handler(self._counted(fn, method))
         if kind is CallKind.UNARY_STREAM:
             method = _Method(info, chain, channel.unary_stream(info.path))
             return grpc.unary_stream_rpc_method_handler(
-                functools.partial(self._unary_stream, method)
+                self._counted_stream(self._unary_stream, method)
             )
         if kind is CallKind.STREAM_UNARY:
             method = _Method(info, chain, channel.stream_unary(info.path))
-            return grpc.stream_unary_rpc_method_handler(
-                functools.partial(self._stream_unary, method)
-            )
+            return grpc.stream_unary_rpc_method_handler(self._counted(self._stream_unary, method))
         method = _Method(info, chain, channel.stream_stream(info.path))
-        return grpc.stream_stream_rpc_method_handler(functools.partial(self._stream_stream, method))
+        return grpc.stream_stream_rpc_method_handler(
+            self._counted_stream(self._stream_stream, method)
+        )
+
+    # Made once per method (handlers are cached), so a call pays one frame for its count.
+    def _counted(self, behavior: Callable[..., Any], method: _Method) -> Callable[..., Any]:
+        async def counted(*args: Any) -> Any:
+            self.active += 1
+            try:
+                return await behavior(method, *args)
+            finally:
+                self.active -= 1
+
+        return counted
+
+    def _counted_stream(
+        self, behavior: Callable[..., AsyncIterator[Any]], method: _Method
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def counted(*args: Any) -> AsyncIterator[Any]:
+            self.active += 1
+            try:
+                async for item in behavior(method, *args):
+                    yield item
+            finally:
+                self.active -= 1
+
+        return counted
 
     async def _await_plugin(self, remaining: float | None, timeout: float | None) -> None:
         """A call that finds the plugin unreachable waits for it: for --plugin-wait, and at
