@@ -407,12 +407,13 @@ def test_descriptors_decide_what_a_field_is():
     assert {"volume_id", "target_path", "staging_target_path"} <= set(strings)
 
 
-def test_required_with_a_caveat_is_advisory():
+def test_required_with_a_caveat_is_reported_at_must_and_never_rejected():
     req = msg("csi.v1", "DeleteVolumeGroupSnapshotRequest", group_snapshot_id="g")
     found = COMPILED["csi.v1"].check_message(req)
     assert [(v.rule.id, v.rule.level, v.field) for v in found] == [
-        ("csi.required-field-caveat", "SHOULD", "snapshot_ids")
+        ("csi.required-field-caveat", "MUST", "snapshot_ids")
     ]
+    assert found[0].rule.reject_code is None
 
 
 def test_requests_are_checked_in_full_long_response_lists_by_sample():
@@ -487,7 +488,7 @@ def test_echoes_cover_the_ids_tokens_and_contexts_the_co_passes_back():
     assert ("DriverDeleteBucketRequest", "bucket_id") in TABLES["cosi.v1alpha1"].echoes
 
 
-def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_not():
+def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_blamed_on_the_plugin():
     cap = [{"mount": {}, "access_mode": {"mode": 1}}]
     req = msg("csi.v1", "CreateVolumeRequest", name="n" * 129, volume_capabilities=cap)
     assert ("csi.size-limit", "name") in rules_of("csi.v1", req)
@@ -501,7 +502,14 @@ def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_no
         secrets=big,  # the CO's
         volume_context=big,  # the plugin's, passed back
     )
-    assert rules_of("csi.v1", publish) == [("csi.size-limit", "secrets")]
+    # an id passed back is judged against its maker's limit and blamed on the plugin,
+    # never enforced; a map passed back is not judged (the CO adds entries to some)
+    assert rules_of("csi.v1", publish) == [
+        ("csi.size-limit-echoed", "volume_id"),
+        ("csi.size-limit", "secrets"),
+    ]
+    echoed = COMPILED["csi.v1"].check_message(publish)[0]
+    assert (echoed.party, echoed.enforceable) == ("plugin", False)
     cmi = msg(
         "cmi.v1",
         "DeleteMachineRequest",
@@ -518,6 +526,21 @@ def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_no
         revoke_access_context=big,
     )
     assert rules_of("cosi.v1alpha1", cosi) == [("cosi.size-limit", "revoke_access_context")]
+
+
+def test_an_id_passed_back_is_reported_once_where_this_socket_saw_it_made():
+    cs = compile_table(TABLES["csi.v1"], load_spec("csi.v1"))
+    long_id = "v" * 200
+    delete = msg("csi.v1", "DeleteVolumeRequest", volume_id=long_id)
+    assert [v.rule.id for v in cs.check_message(delete)] == ["csi.size-limit-echoed"]
+    made = msg("csi.v1", "CreateVolumeResponse", volume={"volume_id": long_id})
+    found: list[Any] = []
+    cs.response_checkers["csi.v1.CreateVolumeResponse"](made, "", found)
+    assert [(v.rule.id, v.field) for v in found] == [("csi.size-limit", "volume.volume_id")]
+    # reported where it was made: passing it back adds nothing
+    assert cs.check_message(delete) == []
+    other = msg("csi.v1", "DeleteVolumeRequest", volume_id="w" * 200)
+    assert [v.rule.id for v in cs.check_message(other)] == ["csi.size-limit-echoed"]
 
 
 def test_kubelet_volume_context_with_tokens_is_not_judged_at_the_echo():

@@ -327,15 +327,34 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
         ),
     ]
     rules += generic_rules("csi", title, "CO", CSI_REPEAT_NOTE)
+    rules.append(
+        Rule(
+            "csi.size-limit-echoed",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Size Limits",
+            "An id or token the plugin makes is over its size limit where the CO passes it back.",
+            reject_code=None,
+            note="Judged in every request that carries it, wherever it was made (another"
+            " replica, before the proxy started); blamed on the plugin, whose kind of"
+            " value it is, and never rejected, since the CO only passes it back. Maps"
+            " passed back are not judged: the CO adds entries of its own to some.",
+        )
+    )
     if v1:  # CSI v0.3 has no caveated REQUIRED fields and no rule on name characters
         rules += [
             Rule(
                 "csi.required-field-caveat",
-                SHOULD,
+                MUST,
                 (CO,),
                 f"{title} §{{rpc}}",
-                "A REQUIRED field is missing whose caveat lets the plugin do without it"
-                " (advisory).",
+                "A REQUIRED field is missing that the text around it lets a plugin do"
+                " without; reported, never rejected.",
+                reject_code=None,
+                note="The field is REQUIRED without condition, so its absence is a MUST"
+                " breach by the CO; but a plugin that does not rely on it answers the call"
+                " (the caveat says so), which is why the proxy does not refuse it for the"
+                " plugin.",
             ),
             Rule(
                 "csi.name-banned-characters",
@@ -353,6 +372,17 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 note="Compared field by field: a field the confirmed capability leaves unset"
                 " is tolerated, as an older plugin confirms without newer fields (the NOTE in"
                 " the section leaves reconciling them to the CO).",
+            ),
+            Rule(
+                "csi.validate-confirmed-unsupported",
+                MUST,
+                (PLUGIN,),
+                f"{title} §ValidateVolumeCapabilities, §ControllerGetCapabilities",
+                "ValidateVolumeCapabilities confirms a single-node writer access mode that the"
+                " plugin's controller capabilities say it does not support.",
+                note="SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER are supported only"
+                " by a plugin that lists SINGLE_NODE_MULTI_WRITER; judged once the proxy knows"
+                " the controller capabilities (it asks the plugin itself if need be).",
             ),
             Rule(
                 "csi.metadata-max-results",
@@ -707,6 +737,7 @@ class CsiChecks:
                 "CreateVolume": ("plugin", "controller"),
                 "GetCapacity": ("plugin",),
                 "NodePublishVolume": ("node",),
+                "ValidateVolumeCapabilities": ("controller",),
             },
             request_checks={
                 "CreateVolume": (self.create_volume_request,),
@@ -856,6 +887,7 @@ class CsiChecks:
                 "confirmed.volume_capabilities",
                 f"confirmed.volume_capabilities holds {extra} capabilit(ies) not in the request",
             )
+        yield from _confirmed_unsupported(cs, st, confirmed)
         for name in ("volume_context", "parameters", "mutable_parameters"):
             if name not in confirmed.DESCRIPTOR.fields_by_name:
                 continue
@@ -961,3 +993,27 @@ class CsiChecks:
     def in_use(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         # The CO polls stats of the volumes it uses: what the proxy knows of them stays fresh.
         st.touch(req.volume_id)
+
+
+# Access modes a plugin supports only when its controller lists SINGLE_NODE_MULTI_WRITER
+# (CSI v1.12 §ControllerGetCapabilities); CSI v0.3 has neither.
+_SINGLE_NODE_MODES = frozenset({"SINGLE_NODE_SINGLE_WRITER", "SINGLE_NODE_MULTI_WRITER"})
+
+
+def _confirmed_unsupported(cs: CompiledSpec, st: SpecState, confirmed: Any) -> Iterable[Violation]:
+    rule = cs.find("validate-confirmed-unsupported")
+    caps = st.known_capabilities("controller")
+    if rule is None or caps is None or "SINGLE_NODE_MULTI_WRITER" in caps:
+        return
+    for i, cap in enumerate(confirmed.volume_capabilities):
+        if not cap.HasField("access_mode"):
+            continue
+        mode = cap.access_mode
+        value = mode.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_number.get(mode.mode)
+        if value is not None and value.name in _SINGLE_NODE_MODES:
+            yield Violation(
+                rule,
+                f"confirmed.volume_capabilities[{i}].access_mode.mode",
+                f"confirmed access mode {value.name}, but ControllerGetCapabilities does not"
+                " list SINGLE_NODE_MULTI_WRITER",
+            )

@@ -6,8 +6,8 @@ REQUIRED" plus the other wordings, 40 in all); bool fields are listed and skippe
 checked as non-zero. CSI v0.3 states no size-limit override; its path fields are judged by
 the advisory ``csi.size-limit-recommended`` only, because the general limit on kubelet paths
 was dropped in CSI v1 (§Size Limits overrides on every path field). As in csi.v1, values the
-plugin made are judged where it returns them, not where the CO passes them back (ECHOES),
-and human-readable messages are advisory.
+plugin made are judged where it returns them and, under csi.size-limit-echoed, where the CO
+passes them back (ECHOES), and human-readable messages are advisory.
 """
 
 from __future__ import annotations

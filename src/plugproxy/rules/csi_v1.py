@@ -2,16 +2,17 @@
 
 REQUIRED fields: every field the spec's messages mark "This field is REQUIRED" (72) or
 "This is a REQUIRED field" / "... is REQUIRED." (11), 83 in all; the two group snapshot
-``snapshot_ids`` carry a caveat a plugin may rely on and are advisories
-(``csi.required-field-caveat``). The engine checks those
+``snapshot_ids`` carry a caveat (a plugin may do without them): their absence is reported at
+MUST and never rejected (``csi.required-field-caveat``). The engine checks those
 proto3 can see (strings, bytes, maps, repeated, messages, enums, oneofs); the REQUIRED bool
 and number fields are listed for completeness and skipped. Two oneofs are REQUIRED by the
 text around them: VolumeCapability's access type and VolumeContentSource's type.
 
 Size limits (§Size Limits: they apply to the messages each party generates): the per-field
 overrides the spec states (SIZE_OVERRIDES); values the plugin made are judged where it
-returns them and not where the CO passes them back (ECHOES); human-readable messages are
-advisory only (SIZE_RECOMMENDED).
+returns them (csi.size-limit) and, blamed on the plugin and never rejected, where the CO
+passes them back (ECHOES, csi.size-limit-echoed); human-readable messages are advisory only
+(SIZE_RECOMMENDED).
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "GetMetadataDeltaResponse": ("block_metadata_type", "volume_capacity_bytes"),
 }
 
-# REQUIRED, but the text around them says a plugin may not rely on them ("If SP does not
-# need to rely on this field ... SHOULD check this field"): judged as advisories.
+# REQUIRED, but the text around them says a plugin may not rely on them: reported as MUST
+# breaches by the CO and never rejected, since such a plugin serves the call.
 REQUIRED_CAVEAT: dict[str, tuple[str, ...]] = {
     "DeleteVolumeGroupSnapshotRequest": ("snapshot_ids",),
     "GetVolumeGroupSnapshotRequest": ("snapshot_ids",),

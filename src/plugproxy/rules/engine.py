@@ -18,7 +18,9 @@ table says zero is impossible (``required_nonzero``) or the field has explicit p
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -577,6 +579,70 @@ def _string_size_op(name: str, limit: int, rule: Rule, repeated: bool) -> Op:
     return one
 
 
+class MadeOverLimit:
+    """Digests of the over-limit ids and tokens the plugin returned on this socket, the
+    latest ``size`` of them: where the CO passes one back it was reported already."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+
+    @staticmethod
+    def digest(value: str) -> bytes:
+        return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def add(self, value: str) -> None:
+        key = self.digest(value)
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        if len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+
+    def __contains__(self, value: str) -> bool:
+        return self.digest(value) in self._seen
+
+
+def _made_op(name: str, limit: int, repeated: bool, made: MadeOverLimit) -> Op:
+    """Remembers the values over ``limit`` of a field the CO passes back elsewhere."""
+    quick = limit // 4
+
+    def remember(msg: Any, prefix: str, out: list[Violation]) -> None:
+        values = getattr(msg, name)
+        for v in values if repeated else (values,):
+            if len(v) > quick and utf8_len(v) > limit:
+                made.add(v)
+
+    return remember
+
+
+def _echo_size_op(name: str, limit: int, rule: Rule, repeated: bool, made: MadeOverLimit) -> Op:
+    """An id or token over its maker's limit where the CO passes it back, unless this
+    socket saw the plugin return it (reported there): blamed on the plugin, never enforced."""
+    quick = limit // 4
+
+    def check(msg: Any, prefix: str, out: list[Violation]) -> None:
+        values = getattr(msg, name)
+        for i, v in enumerate(values if repeated else (values,)):
+            if len(v) <= quick or v in made:
+                continue
+            n = utf8_len(v)
+            if n > limit:
+                where = f"{prefix}{name}[{i}]" if repeated else f"{prefix}{name}"
+                out.append(
+                    Violation(
+                        rule,
+                        where,
+                        f"{where} is {n} bytes; the limit is {limit} bytes. The plugin returns"
+                        " this value (an id or token) and the CO passes it back; this proxy"
+                        " did not see it returned",
+                        PLUGIN,
+                        enforceable=False,
+                    )
+                )
+
+    return check
+
+
 def _map_size_op(name: str, limit: int, rule: Rule) -> Op:
     def total(msg: Any, prefix: str, out: list[Violation]) -> None:
         m = getattr(msg, name)
@@ -880,6 +946,7 @@ class _Compiler:
         spec: SpecInfo,
         rules: Mapping[str, Rule],
         sample: int | None = None,
+        made_over_limit: MadeOverLimit | None = None,
     ) -> None:
         self.sample = sample
         self.table = table
@@ -911,8 +978,21 @@ class _Compiler:
             self._requirement = (desc.full_name, fds[0].name, fds[1].name)
         self._nonzero = self._refs(table.required_nonzero)
         self._overrides = {self._ref(r): v for r, v in table.size_overrides.items()}
+        # An echo is judged against its maker's limit under size-limit-echoed, where the
+        # spec family has that rule: the value breaks the limit whoever made it.
+        # echo -> (whether its maker's limit is overridden, that override)
+        self._echo_limits: dict[tuple[str, str], tuple[bool, int | None]] = {}
+        self._echo_makers: set[tuple[str, str]] = set()
+        # shared by the request and response checkers of one compiled spec
+        self.made_over_limit = made_over_limit or MadeOverLimit()
+        self._judges_echoes = f"{table.family}.size-limit-echoed" in self.rules
         for echo, maker in table.echoes.items():
-            self._ref(maker)
+            made = self._ref(maker)
+            self._echo_makers.add(made)
+            self._echo_limits[self._ref(echo)] = (
+                made in self._overrides,
+                self._overrides.get(made),
+            )
             self._overrides[self._ref(echo)] = None
         self._map_keys = {self._ref(r): v for r, v in table.map_key_limits.items()}
         self._recommended = {self._ref(r): v for r, v in table.size_recommended.items()}
@@ -928,6 +1008,19 @@ class _Compiler:
                     if not n.startswith("oneof:"):
                         _fd(desc, n, table.spec)
                     self._required.setdefault(desc.full_name, []).append((suffix, n))
+
+    def _echo_op(self, fd: FieldDescriptor, ref: tuple[str, str]) -> Op | None:
+        """The size check of an id or token the CO passes back, against its maker's limit.
+        Maps passed back are not judged: the CO adds its own entries to some (kubelet's pod
+        and token entries in NodePublishVolume's volume_context)."""
+        rule = self.rules.get(f"{self.table.family}.size-limit-echoed")
+        if rule is None or ref not in self._echo_limits or fd.type != FieldDescriptor.TYPE_STRING:
+            return None
+        overridden, limit = self._echo_limits[ref]
+        limit = limit if overridden else self.table.string_limit
+        if limit is None:
+            return None
+        return _echo_size_op(fd.name, limit, rule, fd.is_repeated, self.made_over_limit)
 
     def _topology_segments(self, msg_name: str | None) -> tuple[str, str] | None:
         """(full name, name of its map<string,string> field) of the Topology message."""
@@ -995,8 +1088,13 @@ class _Compiler:
                 ops.append(op)
         for fd in desc.fields:
             ref = (key, fd.name)
+            echoed = self._echo_op(fd, ref)
+            if echoed is not None:
+                ops.append(echoed)
             if fd.type == FieldDescriptor.TYPE_STRING:
                 limit = self._overrides.get(ref, t.string_limit)
+                if ref in self._echo_makers and limit is not None and self._judges_echoes:
+                    ops.append(_made_op(fd.name, limit, fd.is_repeated, self.made_over_limit))
                 # Looked up only where a limit applies: a spec without any has no such rule.
                 if ref in self._totals:
                     size_rule = self.rule("size-limit")
@@ -1107,8 +1205,9 @@ def compile_table(
             if cap not in enum_values:
                 raise TableError(f"{table.spec}: {rpc} is gated by unknown capability {cap!r}")
     checkers = []
+    made_over_limit = MadeOverLimit()
     for sample in (None, response_sample):
-        compiler = _Compiler(table, spec, rules, sample)
+        compiler = _Compiler(table, spec, rules, sample, made_over_limit)
         for full_name in spec.message_classes:
             if not table.package or full_name.startswith(table.package + "."):
                 compiler.compile(spec.descriptor(full_name))

@@ -609,6 +609,12 @@ class ValidateStage(Stage):
         requires: bool | tuple[str, tuple[str, ...]] = False
         if needs_service is not None:
             requires = rpc in needs_service.rpcs or needs_service.when.get(rpc, False)
+            # An UNIMPLEMENTED answer is judged by what the plugin advertises, so a fresh
+            # proxy learns that before the first such call, as it does for gated RPCs.
+            kinds = [requires[0]] if isinstance(requires, tuple) else []
+            if requires and needs_service.advertised_by is not None:
+                kinds.append(needs_service.advertised_by[0])
+            needs += [k for k in kinds if k not in needs]
         backoff = set(t.backoff)
         for code, says in t.backoff_rpc.get(rpc, {}).items():
             (backoff.add if says else backoff.discard)(code)
@@ -976,7 +982,7 @@ class ValidateStage(Stage):
                 caps = plan.state.known_capabilities(plan.gate[0])
                 advertised = [c for c in plan.gate[1] if caps is not None and c in caps]
                 if advertised:
-                    why = f"the plugin advertises {_named(plan, advertised)}"
+                    why = f"required while the plugin advertises {_named(plan, advertised)}"
             if why is None and plan.service_requires:
                 why = self._served_why(plan)
             if why is not None:

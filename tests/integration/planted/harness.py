@@ -38,7 +38,8 @@ Answer = Mapping[str, Any] | bytes | Sequence[Mapping[str, Any] | bytes]
 class Step:
     """One call the CO sends and how the plugin answers it.
 
-    ``error``: the plugin fails the call with (code name, message) instead of answering.
+    ``error``: the plugin fails the call with (code name, message) instead of answering; a
+    code of digits ("17") is sent as that raw, non-canonical grpc-status.
     ``wait``: seconds the CO waits before sending. ``hold``: seconds the plugin waits before
     answering. ``pending``: the CO sends the next step without waiting for this one's end
     (the call stays in flight), as a CO racing its own calls does.
@@ -52,6 +53,7 @@ class Step:
     hold: float = 0.0
     pending: bool = False
     metadata: tuple[tuple[str, str], ...] = ()
+    trailers: tuple[tuple[str, str | bytes], ...] = ()  # the plugin's, with ``error``
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,12 @@ class Case:
     background: Mapping[str, Answer] = field(default_factory=dict)
     party: str = ""
     why: str = ""  # what the breach is, when the statement does not say it plainly
+    variant: str = ""  # tells apart cases of the same statements and rule
 
     @property
     def id(self) -> str:
-        return f"{self.spec}:{'+'.join(self.statements)}:{self.rule}"
+        tail = f":{self.variant}" if self.variant else ""
+        return f"{self.spec}:{'+'.join(self.statements)}:{self.rule}{tail}"
 
 
 @dataclass
@@ -86,6 +90,19 @@ class Outcome:
 
     def rules(self) -> set[str]:
         return {v["rule"] for v in self.violations}
+
+
+class _RawCode:
+    """A status code outside grpc.StatusCode, sent as its number (a non-canonical status)."""
+
+    def __init__(self, number: int) -> None:
+        self.value = (number, str(number))
+
+
+def status_code(name: str) -> Any:
+    """``Step.error``'s code: a grpc.StatusCode name, or digits for a raw (non-canonical)
+    grpc-status such as "17"."""
+    return _RawCode(int(name)) if name.isdigit() else grpc.StatusCode[name]
 
 
 class ScriptedPlugin(grpc.GenericRpcHandler):  # type: ignore[misc, unused-ignore]
@@ -108,34 +125,34 @@ class ScriptedPlugin(grpc.GenericRpcHandler):  # type: ignore[misc, unused-ignor
 
     async def _plan(
         self, info: MethodInfo, request: bytes, context: Any
-    ) -> tuple[list[bytes], tuple[str, str] | None]:
+    ) -> tuple[list[bytes], tuple[str, str] | None, tuple[tuple[str, str | bytes], ...]]:
         self.seen.append((info.name, request))
         md = dict(context.invocation_metadata() or ())
         if STEP_KEY in md:
             step = self.steps[int(md[STEP_KEY])]
             if step.hold:
                 await asyncio.sleep(step.hold)
-            return encode(info, step.answer), step.error
+            return encode(info, step.answer), step.error, step.trailers
         if info.name in self.background:
-            return encode(info, self.background[info.name]), None
-        return [], ("UNIMPLEMENTED", f"{info.name} is not scripted")
+            return encode(info, self.background[info.name]), None, ()
+        return [], ("UNIMPLEMENTED", f"{info.name} is not scripted"), ()
 
     def _unary(self, info: MethodInfo) -> Any:
         async def handler(request: bytes, context: Any) -> bytes:
-            messages, error = await self._plan(info, request, context)
+            messages, error, trailers = await self._plan(info, request, context)
             if error is not None:
-                await context.abort(grpc.StatusCode[error[0]], error[1])
+                await context.abort(status_code(error[0]), error[1], trailers)
             return messages[0]
 
         return handler
 
     def _streamer(self, info: MethodInfo) -> Any:
         async def handler(request: bytes, context: Any) -> Any:
-            messages, error = await self._plan(info, request, context)
+            messages, error, trailers = await self._plan(info, request, context)
             for message in messages:
                 yield message
             if error is not None:
-                await context.abort(grpc.StatusCode[error[0]], error[1])
+                await context.abort(status_code(error[0]), error[1], trailers)
 
         return handler
 
