@@ -599,6 +599,52 @@ async def test_a_volume_placed_outside_every_requisite_topology_is_found(spec):
     assert "z3" not in mine[0][3] and "none of the 2" in mine[0][3]
 
 
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+async def test_the_count_rules_of_requisite_topologies_are_judged(spec):
+    """§CreateVolume, TopologyRequirement: with x entries returned for n requisite, x <= n
+    takes x unique requisite topologies, x >= n reaches every one; a coarser entry reaches
+    each topology of it, and no entry at all means accessible from everywhere."""
+    h = Harness(spec)
+    region, zone = "topology.example.com/region", "topology.example.com/zone"
+    id_field = "volume_id" if spec == "csi.v1" else "id"
+
+    def z(name: str) -> dict[str, str]:
+        return {region: "r1", zone: name}
+
+    def judged(requisite: list[dict[str, str]], *returned: dict[str, str]) -> list[Any]:
+        req = h.new(
+            "CreateVolumeRequest",
+            name="pvc-1",
+            volume_capabilities=[h.new("VolumeCapability", mount={}, access_mode={"mode": 1})],
+            accessibility_requirements={"requisite": [{"segments": s} for s in requisite]},
+        )
+        volume = h.new(
+            "Volume",
+            **{id_field: "vol-1"},
+            accessible_topology=[{"segments": s} for s in returned],
+        )
+        return h.call("CreateVolume", req, [h.new("CreateVolumeResponse", volume=volume)])
+
+    ours = "csi.topology-count"
+    for requisite, returned in (
+        ([z("a"), z("b")], [z("a"), z("b")]),  # x == n: all of them
+        ([z("a"), z("b"), z("c")], [z("c"), z("a")]),  # x < n: unique, from requisite
+        ([z("a")], [z("a"), z("q")]),  # x > n: requisite plus a free choice
+        ([z("a"), z("b")], [{region: "r1"}]),  # a regional volume reaches both zones
+        ([z("a"), z("b")], []),  # accessible from everywhere
+    ):
+        found = await judged(requisite, *returned)
+        assert ours not in [f[0] for f in found], (requisite, returned, found)
+    for requisite, returned, said in (
+        ([z("a"), z("b")], [z("a"), z("q")], "1 of the 2 accessible_topology entries"),
+        ([z("a"), z("b"), z("c")], [z("a"), z("a")], "repeat another"),
+        ([z("a"), z("b")], [z("a"), z("q"), z("w")], "1 of the 2 requisite topologies"),
+    ):
+        mine = [f for f in await judged(requisite, *returned) if f[0] == ours]
+        assert len(mine) == 1 and mine[0][1] == "plugin" and said in mine[0][3], mine
+        assert "topology.example.com" not in mine[0][3]  # no value is quoted
+
+
 async def test_a_long_stream_is_read_within_its_budget_and_still_judged_across_messages():
     """Once a stream has read STREAM_TUPLES_JUDGED tuples, each further message is read on
     a sample of TUPLES_SAMPLED (first and last always): a 100,000-block stream costs

@@ -89,7 +89,22 @@ def _rules(title: str, v1: bool) -> list[Rule]:
             " key both hold (keys case-insensitive): a coarser entry (zone without rack) is"
             " legitimate. Only an answer every entry of which contradicts every requisite"
             " topology is a sure breach; how many requisite topologies the volume reaches is"
-            " not judged.",
+            " csi.topology-count's.",
+        ),
+        Rule(
+            "csi.topology-count",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume's accessible_topology breaks the count rules of its requisite"
+            " topologies: with x entries and n requisite, x <= n needs every entry within a"
+            " requisite topology (x unique ones), x >= n needs every requisite topology"
+            " reached.",
+            reject_code=None,
+            note="Within, as for csi.topology-outside-requisite: agreeing on every key both"
+            " hold, so a coarser entry (a region for zones of it) reaches each of its zones."
+            " An empty accessible_topology is not judged: it means accessible from"
+            " everywhere, which reaches every requisite topology.",
         ),
     ]
     if not v1:
@@ -489,6 +504,46 @@ def _requisite_response(
             f"none of the {len(returned)} accessible_topology entries lies within any of the"
             f" {len(requisite)} requisite topologies (each contradicts each on a shared key)",
         )
+        return
+    yield from _topology_count(cs, requisite, returned)
+
+
+def _topology_count(
+    cs: CompiledSpec, requisite: list[dict[str, str]], returned: list[dict[str, str]]
+) -> Iterable[Violation]:
+    """CSI v1.12 §CreateVolume, TopologyRequirement.requisite: x entries for n requisite."""
+    x, n = len(returned), len(requisite)
+    rule = cs.rule("topology-count")
+    found = False  # with x == n, one entry outside already means one requisite missed
+    if x <= n:
+        outside = [i for i, e in enumerate(returned) if not any(_within(e, r) for r in requisite)]
+        if outside:
+            found = True
+            yield Violation(
+                rule,
+                f"volume.accessible_topology[{outside[0]}]",
+                f"{len(outside)} of the {x} accessible_topology entries lie outside every"
+                f" requisite topology; with x <= n ({x} <= {n}) each MUST be one of them",
+            )
+        unique = {tuple(sorted(e.items())) for e in returned}
+        if len(unique) < x:
+            yield Violation(
+                rule,
+                "volume.accessible_topology",
+                f"{x - len(unique)} accessible_topology entries repeat another; with x <= n"
+                f" ({x} <= {n}) the plugin chooses x unique requisite topologies",
+            )
+    if x >= n and not found:
+        missed = [i for i, r in enumerate(requisite) if not any(_within(e, r) for e in returned)]
+        if missed:
+            yield Violation(
+                rule,
+                "volume.accessible_topology",
+                f"{len(missed)} of the {n} requisite topologies (first:"
+                f" accessibility_requirements.requisite[{missed[0]}]) are reached by no"
+                f" accessible_topology entry; with x >= n ({x} >= {n}) the volume MUST be"
+                " accessible from all of them",
+            )
 
 
 def hooks(title: str, v1: bool) -> Hooks:
