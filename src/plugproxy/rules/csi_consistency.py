@@ -65,6 +65,7 @@ MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest 
 _STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
 _EXPAND_JUDGED = "csi_consistency.expand"  # the request was found out of order already
 _ASKED = "csi_consistency.asked"  # when a request naming a snapshot arrived
+_GROUP = "csi_consistency.group"  # the group a DeleteVolumeGroupSnapshot forgot on arrival
 
 
 def _value_digest(value: str) -> bytes:
@@ -1529,16 +1530,33 @@ class ConsistencyChecks:
         self._group_members(mem, group, "CreateVolumeGroupSnapshot", True)
         gid = group.group_snapshot_id
         mem.deleted_groups.pop(gid, None)
-        if gid and gid not in mem.groups:
+        out = list(
+            _same_id(
+                cs, mem, "CreateVolumeGroupSnapshot", req, gid, "group_snapshot.group_snapshot_id"
+            )
+        )
+        known = mem.groups.get(gid) if gid else None
+        if known is not None and map_digest(req.secrets) != known.secrets:
+            # A create repeated for the group (polling until it is ready) is an operation on
+            # it as well; the request names no group id, so it is compared here.
+            out.append(
+                Violation(
+                    cs.rule("secrets-changed"),
+                    "secrets",
+                    f"secrets differ from those {known.rpc} passed for this group snapshot"
+                    f" {ago(mem.clock() - known.at)} (compared as digests); they SHOULD be the"
+                    " same for all operations on it",
+                    party=CO,
+                )
+            )
+        elif gid and known is None:
             mem.groups[gid] = _Group(
                 map_digest(req.secrets),
                 "CreateVolumeGroupSnapshot",
                 mem.clock(),
                 tuple(s.snapshot_id for s in group.snapshots),
             )
-        return _same_id(
-            cs, mem, "CreateVolumeGroupSnapshot", req, gid, "group_snapshot.group_snapshot_id"
-        )
+        return out
 
     def group_deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.group_snapshot_id:
@@ -1628,6 +1646,22 @@ class ConsistencyChecks:
         for sid in (*req.snapshot_ids, *(group.members if group is not None else ())):
             mem.snapshots.pop(sid, None)
             _forget_created(mem, sid)
+        if req.group_snapshot_id:
+            call.stage_state[_GROUP] = group or _Group(
+                map_digest(req.secrets), "DeleteVolumeGroupSnapshot", mem.clock(), ()
+            )
+
+    def delete_group_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        # A refused delete (in use, a transport error) leaves the group there: its secrets
+        # stay the ones a retry is compared with. NOT_FOUND says it is gone.
+        group = call.stage_state.get(_GROUP)
+        mem = _mem(st)
+        gid = req.group_snapshot_id
+        if isinstance(group, _Group) and code != "NOT_FOUND" and gid not in mem.groups:
+            mem.groups[gid] = group
+        return ()
 
     # -- listings -----------------------------------------------------------------------
 
@@ -1818,6 +1852,7 @@ def hooks(title: str, v1: bool) -> Hooks:
             "ControllerExpandVolume": (c.controller_expand_error,),
             "NodeExpandVolume": (c.node_expand_error,),
             "GetSnapshot": (c.get_snapshot_error,),
+            "DeleteVolumeGroupSnapshot": (c.delete_group_error,),
         }
         # ONLINE/OFFLINE expansion is a plugin capability, EXPAND_VOLUME a controller one.
         needs = {"ControllerExpandVolume": ("plugin", "controller")}

@@ -454,6 +454,45 @@ case(
     party="co",
 )
 case(
+    ("CreateVolumeGroupSnapshot.14",),
+    "csi.secrets-changed",
+    breach=(
+        create_group(
+            create_group_request(secrets=SECRETS),
+            answer={"group_snapshot": group(ready=False, members=[member(1, ready=False)])},
+        ),
+        create_group(create_group_request(secrets=ROTATED)),
+    ),
+    twin=(
+        create_group(
+            create_group_request(secrets=SECRETS),
+            answer={"group_snapshot": group(ready=False, members=[member(1, ready=False)])},
+        ),
+        create_group(create_group_request(secrets=SECRETS)),
+    ),
+    background=group_background(),
+    party="co",
+    why="the create repeated until the group is ready passes other secrets",
+    variant="repeated-create",
+)
+IN_USE_GROUP = ("FAILED_PRECONDITION", "a volume is being restored from the group")
+case(
+    ("DeleteVolumeGroupSnapshot.8",),
+    "csi.secrets-changed",
+    breach=(
+        Step("DeleteVolumeGroupSnapshot", group_ref(secrets=SECRETS), error=IN_USE_GROUP),
+        Step("DeleteVolumeGroupSnapshot", group_ref(secrets=ROTATED), wait=0.05),
+    ),
+    twin=(
+        Step("DeleteVolumeGroupSnapshot", group_ref(secrets=SECRETS), error=IN_USE_GROUP),
+        Step("DeleteVolumeGroupSnapshot", group_ref(secrets=SECRETS), wait=0.05),
+    ),
+    background=group_background(),
+    party="co",
+    why="a delete retried after the plugin refused it passes other secrets",
+    variant="retried-delete",
+)
+case(
     ("DeleteVolumeGroupSnapshot.8",),
     "csi.secrets-changed",
     breach=(
