@@ -983,3 +983,9 @@ def test_get_capacity_topology_needs_the_accessibility_capability(spec, capabili
     assert list(check(cs, st, None, without)) == []
     st.set_capabilities("plugin", frozenset({"CONTROLLER_SERVICE", capability}))
     assert list(check(cs, st, None, with_topology)) == []
+
+
+def test_every_controller_rpc_is_one_a_controller_plugin_should_implement():
+    """CSI v1.12 §Volume Lifecycle: the list follows the Controller service's methods."""
+    service = load_spec("csi.v1").descriptor("csi.v1.CreateVolumeRequest").file.services_by_name
+    assert TABLES["csi.v1"].recommended_rpcs == {m.name for m in service["Controller"].methods}

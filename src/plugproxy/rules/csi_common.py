@@ -374,6 +374,19 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " the section leaves reconciling them to the CO).",
             ),
             Rule(
+                "csi.unimplemented-recommended",
+                SHOULD,
+                (PLUGIN,),
+                f"{title} §Volume Lifecycle",
+                "A Controller RPC answered UNIMPLEMENTED (advisory): controller plugins"
+                " SHOULD implement every RPC of the service.",
+                reject_code=None,
+                note="UNIMPLEMENTED is still the right answer for an RPC a plugin does not"
+                " support, and the capabilities say which optional RPCs a CO may call; the"
+                " advisory says only that the plugin leaves part of the service out. An RPC"
+                " the plugin MUST implement is csi.unimplemented-advertised's.",
+            ),
+            Rule(
                 "csi.validate-confirmed-unsupported",
                 MUST,
                 (PLUGIN,),

@@ -287,6 +287,28 @@ RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 # §RPC Interface: "The Controller Plugin MUST implement this sets of RPCs" / "The Node
 # Plugin MUST implement..."; the RPCs whose own section sets no capability condition.
+# §Volume Lifecycle: a controller plugin SHOULD implement every RPC of the Controller service
+# (tests/test_rules.py checks the list against the descriptors).
+CONTROLLER_RPCS = frozenset(
+    {
+        "CreateVolume",
+        "DeleteVolume",
+        "ControllerPublishVolume",
+        "ControllerUnpublishVolume",
+        "ValidateVolumeCapabilities",
+        "ListVolumes",
+        "GetCapacity",
+        "ControllerGetCapabilities",
+        "CreateSnapshot",
+        "DeleteSnapshot",
+        "ListSnapshots",
+        "GetSnapshot",
+        "ControllerExpandVolume",
+        "ControllerGetVolume",
+        "ControllerModifyVolume",
+    }
+)
+
 SERVICES: dict[str, ServiceNeeds] = {
     "Controller": ServiceNeeds(
         frozenset({"ControllerGetCapabilities", "ValidateVolumeCapabilities"}),
@@ -472,6 +494,7 @@ TABLE = SpecTable(
         "GroupControllerGetCapabilities": "group",
     },
     rpc_gates=RPC_GATES,
+    recommended_rpcs=CONTROLLER_RPCS,
     services=SERVICES,
     fix_first=FIX_FIRST,
     fix_first_rpc=FIX_FIRST_RPC,

@@ -14,6 +14,25 @@ GROUP = v1_background(group=("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",))
 CASES = [
     Case(
         V1,
+        ("Volume-Lifecycle.1",),
+        "csi.unimplemented-recommended",
+        # An optional RPC the plugin does not advertise: UNIMPLEMENTED is allowed, and
+        # leaves part of the Controller service out (advisory).
+        breach=(
+            Step("ControllerGetCapabilities", answer=rpc_caps("CREATE_DELETE_VOLUME")),
+            Step("ListVolumes", error=("UNIMPLEMENTED", "listing is not supported")),
+        ),
+        twin=(
+            Step(
+                "ControllerGetCapabilities", answer=rpc_caps("CREATE_DELETE_VOLUME", "LIST_VOLUMES")
+            ),
+            Step("ListVolumes", answer={"entries": []}),
+        ),
+        background=v1_background(controller=("CREATE_DELETE_VOLUME", "LIST_VOLUMES")),
+        party="plugin",
+    ),
+    Case(
+        V1,
         ("GetPluginCapabilities.5",),
         "csi.unimplemented-advertised",
         # The first call of a fresh proxy: it learns CONTROLLER_SERVICE by asking itself.
