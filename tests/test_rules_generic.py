@@ -1307,6 +1307,22 @@ async def test_a_retry_after_out_of_range_keeping_the_capacity_range(driver):
     assert not unfixed(got)
 
 
+async def test_a_retry_after_already_exists_keeping_the_volume_arguments(driver):
+    # CSI v1.12 §CreateVolume errors: the name's volume is incompatible with one of its
+    # arguments; new secrets leave every argument as it was, so nothing is fixed.
+    code = grpc.StatusCode.ALREADY_EXISTS
+    await driver.call("csi.v1", "CreateVolume", create_request(parameters={"t": "a"}), code=code)
+    rotated = create_request(parameters={"t": "a"}, secrets={"token": "new"})
+    got = await driver.call("csi.v1", "CreateVolume", rotated, code=code)
+    assert unfixed(got) and ("retry-without-change", "co") not in got
+    assert "MUST fix the arguments or use another name" in messages(driver.last, "retry-unfixed")[0]
+    # another parameter may be the fix, and another name is another volume
+    changed = create_request(parameters={"t": "b"})
+    assert not unfixed(await driver.call("csi.v1", "CreateVolume", changed, code=code))
+    other = create_request(name="pvc-2", parameters={"t": "b"}, secrets={"token": "x"})
+    assert not unfixed(await driver.call("csi.v1", "CreateVolume", other))
+
+
 async def test_an_identical_retry_is_retry_without_change_only(driver):
     request = create_request(capacity_range={"required_bytes": 1 << 40})
     await driver.call("csi.v1", "CreateVolume", request, code=OUT_OF_RANGE)

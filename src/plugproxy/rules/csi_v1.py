@@ -340,12 +340,25 @@ FIX_FIRST = {
 _ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
 _ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
 _RANGE = FixFirst("MUST fix the capacity range before retrying", must_change=("capacity_range",))
+# §CreateVolume errors, ALREADY_EXISTS: the name's volume is incompatible with one of these
+# arguments; a retry for the name keeping them all keeps the incompatibility (secrets and
+# mutable_parameters are not among them).
+_VOLUME_ARGUMENTS = FixFirst(
+    "MUST fix the arguments or use another name before retrying",
+    must_change=(
+        "capacity_range",
+        "volume_capabilities",
+        "parameters",
+        "accessibility_requirements",
+        "volume_content_source",
+    ),
+)
 
 # The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
 # recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
 # outside the request, so an unchanged retry is not judged for that RPC and code.
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
-    "CreateVolume": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME, "OUT_OF_RANGE": _RANGE},
+    "CreateVolume": {"ALREADY_EXISTS": _VOLUME_ARGUMENTS, "OUT_OF_RANGE": _RANGE},
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
     "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"
     "CreateSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},

@@ -177,6 +177,10 @@ class GenericMemory:
         )
         # service -> (rpc, when) of its last OK answer; a handful of services.
         self.served: dict[str, tuple[str, float]] = {}
+        # service -> (rpc, when): an RPC the service's plugin MUST implement answered
+        # UNIMPLEMENTED before anything showed the service served; judged when something
+        # does, however much later (kubelet registers a plugin hours before it stages).
+        self.unimplemented: dict[str, tuple[str, float]] = {}
         # object key -> calls naming it received and not yet answered; only keys in flight
         # are held, so the calls in flight bound it.
         self.in_flight: dict[str, int] = {}
@@ -923,6 +927,8 @@ class ValidateStage(Stage):
                         hook(plan.state, call, req, resp)
             if plan.needs_service is not None:
                 plan.memory.served[plan.service] = (plan.rpc, plan.memory.clock())
+                if plan.memory.unimplemented:
+                    self._unimplemented_before(plan, call)
             accepted = call.stage_state.get(_ACCEPTED)
             if accepted:
                 self._record(plan, call, (self._accepted(plan, accepted),), PLUGIN)
@@ -985,6 +991,9 @@ class ValidateStage(Stage):
                     why = f"required while the plugin advertises {_named(plan, advertised)}"
             if why is None and plan.service_requires:
                 why = self._served_why(plan)
+                if why is None and plan.needs_service is not None:
+                    path = call.method.path
+                    plan.memory.unimplemented[plan.service] = (path, plan.memory.clock())
             if why is not None:
                 out.append(
                     Violation(
@@ -1015,6 +1024,21 @@ class ValidateStage(Stage):
                 )
         if out:
             self._record(plan, call, out, PLUGIN)
+
+    def _unimplemented_before(self, plan: _Plan, call: Call) -> None:
+        """An RPC of this service answered UNIMPLEMENTED before anything showed the
+        service served (kubelet asks NodeGetInfo first); this OK shows it now."""
+        path, when = plan.memory.unimplemented.pop(plan.service, ("", 0.0))
+        earlier = self._plans.get(path)
+        if earlier is None or earlier is plan:
+            return
+        why = self._served_why(earlier)  # with this answer as the evidence
+        if why is None:
+            return
+        elapsed = plan.memory.clock() - when
+        message = f"{earlier.rpc} answered UNIMPLEMENTED {ago(elapsed)}, but it is {why}"
+        violation = Violation(plan.spec.rule("unimplemented-advertised"), "", message)
+        self._record(plan, call, (violation,), PLUGIN)
 
     def _served_why(self, plan: _Plan) -> str | None:
         """Why the plugin MUST implement ``plan``'s RPC as part of a service it serves."""

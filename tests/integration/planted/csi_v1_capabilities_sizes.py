@@ -4,14 +4,42 @@ size limit where the CO passes them back (§Size Limits)."""
 
 from __future__ import annotations
 
-from tests.integration.planted.csi_builders import rpc_caps, v1_background
+from typing import Any
+
+from tests.integration.planted.csi_builders import RWO, rpc_caps, v1_background
 from tests.integration.planted.harness import Case, Step
 
 V1 = "csi.v1"
 RWOP = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_SINGLE_WRITER"}}
 GROUP = v1_background(group=("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",))
 
+NODE = v1_background(
+    controller=("CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME"), node=("STAGE_UNSTAGE_VOLUME",)
+)
+STAGE = Step(
+    "NodeStageVolume",
+    {"volume_id": "vol-1", "staging_target_path": "/var/lib/stage/vol-1", "volume_capability": RWO},
+)
+
+
+def served_later(statement: str, rpc: str, answer: dict[str, Any]) -> Case:
+    """kubelet asks NodeGetInfo (and NodeGetCapabilities) before anything shows the Node
+    service served: the refusal is judged when a Node RPC answers OK later."""
+    return Case(
+        V1,
+        (statement,),
+        "csi.unimplemented-advertised",
+        breach=(Step(rpc, error=("UNIMPLEMENTED", "not served")), STAGE),
+        twin=(Step(rpc, answer=answer), STAGE),
+        background=NODE,
+        party="plugin",
+        variant="served-later",
+    )
+
+
 CASES = [
+    served_later("NodeGetInfo.1", "NodeGetInfo", {"node_id": "node-1"}),
+    served_later("NodeGetCapabilities.1", "NodeGetCapabilities", rpc_caps("STAGE_UNSTAGE_VOLUME")),
     Case(
         V1,
         ("Volume-Lifecycle.1",),

@@ -166,6 +166,49 @@ CREATE_VOLUME_ERRORS = [
     ),
 ]
 
+
+def _refused_then_kept(
+    statements: tuple[str, ...], request: dict, code: str, kept: dict, fixed: dict
+) -> Case:
+    """CreateVolume refused with ``code``, then called again for the same name keeping the
+    fields the row says to fix (another field changed); twin: one of them fixed."""
+    bg = controller("CREATE_DELETE_VOLUME")
+    return Case(
+        SPEC,
+        statements,
+        "csi.retry-unfixed",
+        breach=(
+            Step("CreateVolume", request, error=(code, "refused")),
+            Step("CreateVolume", kept, error=(code, "refused")),
+        ),
+        twin=(
+            Step("CreateVolume", request, error=(code, "refused")),
+            Step("CreateVolume", fixed, answer=volume()),
+        ),
+        background=bg,
+        party="co",
+    )
+
+
+CREATE_VOLUME_ERRORS += [
+    # New secrets fix none of the arguments the name's volume is incompatible with.
+    _refused_then_kept(
+        ("CreateVolume-Errors.9",),
+        create(parameters={"type": "ssd"}),
+        "ALREADY_EXISTS",
+        create(parameters={"type": "ssd"}, secrets={"token": "rotated"}),
+        create(parameters={"type": "hdd"}, secrets={"token": "rotated"}),
+    ),
+    # Other parameters leave the refused capacity range as it was.
+    _refused_then_kept(
+        ("CreateVolume-Errors.11",),
+        create(capacity_range={"required_bytes": 1 << 50}),
+        "OUT_OF_RANGE",
+        create(capacity_range={"required_bytes": 1 << 50}, parameters={"type": "hdd"}),
+        create(capacity_range={"required_bytes": GIB}, parameters={"type": "hdd"}),
+    ),
+]
+
 DELETE_VOLUME = [
     _unimplemented(
         "DeleteVolume.1", "DeleteVolume", {"volume_id": VOL}, {}, controller("CREATE_DELETE_VOLUME")
