@@ -64,6 +64,9 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             BOTH,
             f"{title} §{{rpc}}",
             "A field the spec marks REQUIRED is missing (empty, absent, or no oneof member).",
+            note="REQUIRED numbers and bools are skipped where proto3 cannot tell unset from a"
+            " valid 0 or false; CSI v1's GetMetadata* volume_capacity_bytes is judged, since no"
+            " volume has 0 bytes (reported, never enforced).",
         ),
         Rule(
             "csi.size-limit",
@@ -925,8 +928,17 @@ class CsiChecks:
                 "block_metadata",
                 f"{sent} tuples in one message; max_results was {req.max_results}",
             )
+        if resp.volume_capacity_bytes == 0:
+            # REQUIRED; proto3 reads an unset number as 0, and no volume holds 0 bytes.
+            yield Violation(
+                cs.rule("required-field"),
+                "volume_capacity_bytes",
+                "volume_capacity_bytes is missing (0): no volume has a capacity of 0 bytes",
+                enforceable=False,
+            )
         start = req.starting_offset
-        if start > 0:
+        if start >= 0:
+            # At 0 as well: a tuple with a negative byte_offset may end before it.
             early = sum(1 for b in blocks if b.byte_offset + b.size_bytes <= start)
             if early:
                 yield Violation(

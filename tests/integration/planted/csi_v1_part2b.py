@@ -729,6 +729,38 @@ for rpc, call, request in STREAMS:
         variant="straddles-start",
     )
 
+    # At starting_offset 0 too: a range at a negative byte_offset may end before it.
+    case(
+        offset_ids,
+        "csi.metadata-offset",
+        breach=(
+            call(
+                request(),
+                [metadata_message([{"byte_offset": -8192, "size_bytes": 4096}, *blocks(0)])],
+            ),
+        ),
+        twin=(call(request(), [metadata_message(blocks(0, 4096))]),),
+        party="plugin",
+        variant="negative-at-zero",
+    )
+    capacity_id = {"GetMetadataAllocated": "GetMetadataAllocated.7"}.get(rpc, "GetMetadataDelta.8")
+    case(
+        (capacity_id,),
+        "csi.required-field",
+        breach=(
+            call(
+                request(),
+                [
+                    metadata_message(blocks(0), capacity=0),
+                    metadata_message(blocks(4096), capacity=0),
+                ],
+            ),
+        ),
+        twin=(call(request(), [metadata_message(blocks(0)), metadata_message(blocks(4096))]),),
+        party="plugin",
+        why="no volume_capacity_bytes (0, which no volume has)",
+    )
+
     restart_id = {"GetMetadataAllocated": "GetMetadataAllocated.2"}.get(rpc, "GetMetadataDelta.3")
     # A complete stream ended at 16384; resuming past it skips no range received.
     case(
