@@ -421,8 +421,9 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
 CSI_REPEAT_NOTE = (
     "CSI adds ALREADY_EXISTS for CreateSnapshot and CreateVolumeGroupSnapshot, judged once an"
     " answer said the snapshot is ready to use, and ALREADY_EXISTS and FAILED_PRECONDITION"
-    " on the node service, whose volumes only this socket's caller changes; node paths are"
-    " objects too. NOT_FOUND from a delete is csi.delete-not-idempotent's."
+    " on the node service, whose volumes only this socket's caller changes, and OUT_OF_RANGE"
+    " for NodeExpandVolume (a volume that reached the target stays that large); node paths"
+    " are objects too. NOT_FOUND from a delete is csi.delete-not-idempotent's."
 )
 
 

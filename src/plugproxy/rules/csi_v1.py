@@ -452,7 +452,8 @@ STATE_CHANGES: dict[str, StateChange] = {
     "NodeUnstageVolume": StateChange(_NODE, paths=("staging_target_path",)),
     "NodePublishVolume": StateChange(_NODE, paths=("target_path",)),
     "NodeUnpublishVolume": StateChange(_NODE, paths=("target_path",)),
-    "NodeExpandVolume": StateChange(_REQUEST | {"FAILED_PRECONDITION"}),
+    # OUT_OF_RANGE too: a volume that reached the target is no smaller on an identical repeat.
+    "NodeExpandVolume": StateChange(_REQUEST | {"FAILED_PRECONDITION", "OUT_OF_RANGE"}),
 }
 
 # csi.call-order's enforced case (NodePublishVolume of a volume unstaged on this node) has

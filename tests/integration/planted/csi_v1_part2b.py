@@ -244,6 +244,20 @@ case(
 )
 
 case(
+    ("NodeExpandVolume.2",),
+    "csi.not-idempotent",
+    breach=(
+        node_expand(answer={}),
+        node_expand(error=("OUT_OF_RANGE", "2 GiB is beyond the pool")),
+    ),
+    twin=(node_expand(answer={}), node_expand(answer={})),
+    background=STAGED,
+    party="plugin",
+    why="the identical repeat of an expansion that succeeded (its size unsaid) is refused as"
+    " out of range",
+    variant="out-of-range",
+)
+case(
     ("NodeExpandVolume.3",),
     "csi.expand-already-large-refused",
     breach=(
