@@ -782,6 +782,17 @@ def create_request(spec: str, **requirement: Any) -> Any:
     )
 
 
+def test_a_csi_v0_key_prefix_is_in_reverse_domain_name_notation():
+    """CSI v0.3 §CreateVolume, Topology: the prefix is a reverse domain name, and its
+    characters are a key name's (upper case and '_' allowed)."""
+    for good in ("com.company.example/zone", "Com.Example_Co/rack", "topology.kubernetes.io/zone"):
+        assert topology_findings("csi.v0", node_info("csi.v0", {good: "z1"})) == []
+    for bad in ("company/zone", "com..company/zone"):
+        assert topology_findings("csi.v0", node_info("csi.v0", {bad: "z1"})) == [
+            ("csi.topology-key-format", "accessible_topology.segments[key 0]")
+        ]
+
+
 @pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
 @pytest.mark.parametrize("segments", REAL_TOPOLOGIES)
 def test_real_world_topologies_pass_in_both_directions(spec, segments):

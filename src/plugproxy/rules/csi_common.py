@@ -55,7 +55,8 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
         " prefix is lower-case domain name notation."
         if v1
         else "Judged in every Topology, in requests (the CO) and responses (the plugin). CSI"
-        " v0.3 allows the key prefix the characters of a key name (upper case and '_')."
+        " v0.3 allows the key prefix the characters of a key name (upper case and '_'), in"
+        " reverse domain name notation: two or more labels joined by single dots."
     )
     rules = [
         Rule(
@@ -755,7 +756,8 @@ class CsiChecks:
                 "CreateVolume": ("plugin", "controller"),
                 "GetCapacity": ("plugin",),
                 "NodePublishVolume": ("node",),
-                "ValidateVolumeCapabilities": ("controller",),
+                # CSI v1: which single-node access modes the controller supports
+                **({"ValidateVolumeCapabilities": ("controller",)} if v1 else {}),
             },
             request_checks={
                 "CreateVolume": (self.create_volume_request,),

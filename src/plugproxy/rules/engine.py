@@ -398,6 +398,12 @@ def _key_problem(key: str, prefix_lower: bool) -> str | None:
     if not prefix_lower:
         if not _TOPOLOGY_NAME.fullmatch(prefix):
             return f"has a prefix that {_NAME_RULE} and alphanumerics between"
+        # CSI v0.3: reverse domain name notation, so labels joined by dots, two at least.
+        if "." not in prefix or "" in prefix.split("."):
+            return (
+                "has a prefix not in reverse domain name notation (two or more labels joined"
+                " by single dots)"
+            )
         return None
     if not _TOPOLOGY_PREFIX_LOWER.fullmatch(prefix):
         return (

@@ -145,3 +145,24 @@ CASES = cases(
         "more-single": ("CreateVolume.49",),
     },
 )
+
+
+def node_info(key: str) -> Step:
+    return Step(
+        "NodeGetInfo",
+        answer={"node_id": "node-1", "accessible_topology": {"segments": {key: "z1"}}},
+    )
+
+
+CASES.append(
+    Case(
+        "csi.v0",
+        ("CreateVolume.60",),
+        "csi.topology-key-format",
+        breach=(node_info("company/zone"),),
+        twin=(node_info("com.company/zone"),),
+        background=background("csi.v0"),
+        party="plugin",
+        why="a key prefix that is one label is no reverse domain name",
+    )
+)
