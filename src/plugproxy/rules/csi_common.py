@@ -66,8 +66,9 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §{{rpc}}",
             "A field the spec marks REQUIRED is missing (empty, absent, or no oneof member).",
             note="REQUIRED numbers and bools are skipped where proto3 cannot tell unset from a"
-            " valid 0 or false; CSI v1's GetMetadata* volume_capacity_bytes is judged, since no"
-            " volume has 0 bytes (reported, never enforced).",
+            " valid 0 or false; CSI v1's GetMetadata* volume_capacity_bytes and a VolumeUsage's"
+            " total in BYTES are judged, since no volume has 0 bytes (reported, never"
+            " enforced).",
         ),
         Rule(
             "csi.size-limit",

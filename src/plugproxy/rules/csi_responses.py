@@ -315,6 +315,26 @@ def _group_response(
         )
 
 
+# -- volume statistics ------------------------------------------------------------------------
+
+
+def _stats_response(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    """VolumeUsage.total is REQUIRED; proto3 reads an unset number as 0. In BYTES no volume
+    has 0 bytes; in INODES 0 is a real answer (file systems without an inode table)."""
+    for i, usage in enumerate(resp.usage):
+        unit = usage.DESCRIPTOR.fields_by_name["unit"].enum_type.values_by_number.get(usage.unit)
+        if unit is not None and unit.name == "BYTES" and usage.total == 0:
+            yield Violation(
+                cs.rule("required-field"),
+                f"usage[{i}].total",
+                f"usage[{i}].total is missing (0) in BYTES: no volume has 0 bytes",
+                enforceable=False,
+            )
+            return
+
+
 # -- snapshot metadata streams ----------------------------------------------------------------
 
 
@@ -560,6 +580,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         response_checks |= {
             "ControllerExpandVolume": (_expand_response,),
             "NodeExpandVolume": (_expand_response,),
+            "NodeGetVolumeStats": (_stats_response,),
             "CreateVolumeGroupSnapshot": (_group_response,),
             "GetVolumeGroupSnapshot": (_group_response,),
             "GetMetadataAllocated": (_metadata_stream,),

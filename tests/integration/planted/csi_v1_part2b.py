@@ -94,6 +94,16 @@ for sid, name in (
     )
 
 case(
+    ("NodeGetVolumeStats.11",),
+    "csi.required-field",
+    breach=(stats(stats_answer([usage(total=0)])),),
+    twin=(stats(stats_answer([usage(), usage(unit="INODES", total=0, available=0, used=0)])),),
+    background=node_background("GET_VOLUME_STATS", "VOLUME_CONDITION"),
+    party="plugin",
+    why="a BYTES usage without its total (0); an INODES total of 0 is a real count",
+)
+
+case(
     ("NodeGetVolumeStats.14",),
     "csi.required-field",
     breach=(stats(stats_answer([usage(unit="UNKNOWN")])),),
