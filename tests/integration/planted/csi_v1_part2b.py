@@ -952,3 +952,13 @@ case(
     party="plugin",
     why="the plugin advertises the controller service but this endpoint does not serve it",
 )
+case(
+    ("Connectivity.6",),
+    "csi.unimplemented-advertised",
+    breach=(Step("GetMetadataDelta", delta_request(), error=("UNIMPLEMENTED", "elsewhere")),),
+    twin=(Step("GetMetadataDelta", delta_request(), answer=[metadata_message(blocks(0))]),),
+    background=v1_background(plugin=("CONTROLLER_SERVICE", "SNAPSHOT_METADATA_SERVICE")),
+    party="plugin",
+    why="the plugin advertises the snapshot metadata service but this endpoint does not serve it",
+    variant="snapshot-metadata",
+)
