@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules import csi_capabilities, csi_consistency, csi_responses
+from plugproxy.rules import csi_capabilities, csi_consistency, csi_readonly, csi_responses
 from plugproxy.rules.csi_common import (
     TRANSPORT_CODES,
     CsiChecks,
@@ -379,5 +379,6 @@ TABLE = SpecTable(
         csi_capabilities.hooks(TITLE, v1=False),
         csi_consistency.hooks(TITLE, v1=False),
         csi_responses.hooks(TITLE, v1=False),
+        csi_readonly.hooks(TITLE, v1=False),
     ),
 )

@@ -1,0 +1,194 @@
+"""Read-only CSI calls answered consistently with what this socket saw (CSI v1.12, v0.3).
+
+§ValidateVolumeCapabilities, "This operation MUST be idempotent": two identical
+validations of one volume answered differently (confirmed, then not, or the other way
+round) break it when nothing that could change the volume was answered OK on this socket
+between them. Only OK answers are compared: an error says nothing of what
+the volume supports. The memory is one entry per request digest, bounded and expiring
+(REPEAT_WINDOW): answers further apart are not compared, as the plugin may have been
+upgraded or the volume changed through another replica in between.
+
+§ListVolumes, the plugin returns every volume it knows: a whole listing (one answer with no
+next_token, or the pages of one walk from an empty starting_token to an empty next_token)
+without a volume CreateVolume answered within HANDOVER before the listing began, with no
+DeleteVolume of it sent since. Later another replica may have deleted it; a volume made
+while the walk went on may fall between its pages (§ListVolumes gives no consistent view).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from plugproxy.rules.engine import MUST, PLUGIN, Hooks, Rule, Violation, list_length
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest
+
+if TYPE_CHECKING:
+    from plugproxy.api import Call
+    from plugproxy.rules.engine import CompiledSpec
+    from plugproxy.rules.state import SpecState
+
+REPEAT_WINDOW = 600.0  # seconds two identical validations are compared across
+
+# RPCs whose OK may change what a volume supports: a validation before one of them is not
+# compared with one after it.
+_CHANGES = ("ControllerModifyVolume", "ControllerExpandVolume", "DeleteVolume", "CreateVolume")
+
+
+class ValidationMemory:
+    def __init__(self, st: SpecState) -> None:
+        self.clock = st.clock
+        # request digest -> (volume id, answer, when)
+        self.answers: ExpiringMap[bytes, tuple[str, bool, float]] = ExpiringMap(
+            st.max_volumes, REPEAT_WINDOW, st.clock
+        )
+        # volume id -> when an RPC that may change it last answered OK
+        self.changed: ExpiringMap[str, float] = ExpiringMap(st.max_volumes, REPEAT_WINDOW, st.clock)
+        # volume id -> when CreateVolume answered it, while no DeleteVolume of it was sent
+        self.created: ExpiringMap[str, float] = ExpiringMap(st.max_volumes, HANDOVER, st.clock)
+        # next_token -> (when its walk began, the recent creates its pages listed so far,
+        # or None when a page was sampled and what it lists is not known)
+        self.walks: ExpiringMap[str, tuple[float, frozenset[str] | None]] = ExpiringMap(
+            64, REPEAT_WINDOW, st.clock
+        )
+
+
+def _rules(title: str) -> list[Rule]:
+    return [
+        Rule(
+            "csi.validate-not-idempotent",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ValidateVolumeCapabilities",
+            "Two identical ValidateVolumeCapabilities calls answered differently (confirmed"
+            " once, not the other time) with nothing that could change the volume answered"
+            " OK between them.",
+            reject_code=None,
+            note="Compared within 10 minutes; CreateVolume, DeleteVolume,"
+            " ControllerExpandVolume or ControllerModifyVolume answered OK for the volume"
+            " in between starts over. Error answers are not compared.",
+        ),
+        Rule(
+            "csi.volume-missing",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ListVolumes",
+            "A whole ListVolumes listing (one answer, or the pages of one walk from an empty"
+            " starting_token to an empty next_token) lacks a volume CreateVolume answered"
+            " within 15 s before it began, with no DeleteVolume of it sent since.",
+            reject_code=None,
+            note="Judged only within a leader-election lease of the create"
+            f" ({HANDOVER:.0f} s): later, another replica may have deleted the volume. A"
+            " volume made during a walk may fall between its pages; a walk with a sampled"
+            " long page is not judged.",
+        ),
+    ]
+
+
+def _confirmed(resp: Any) -> bool:
+    if "confirmed" in resp.DESCRIPTOR.fields_by_name:
+        return bool(resp.HasField("confirmed"))
+    return bool(resp.supported)  # CSI v0.3
+
+
+def _validate_response(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    memory = st.part(ValidationMemory)
+    key = digest(req.SerializeToString(deterministic=True))
+    confirmed = _confirmed(resp)
+    now = memory.clock()
+    earlier = memory.answers.get(key)
+    memory.answers[key] = (req.volume_id, confirmed, now)
+    if earlier is None or earlier[1] == confirmed:
+        return
+    changed = memory.changed.get(req.volume_id)
+    if changed is not None and changed >= earlier[2]:
+        return
+    said = "confirmed" if earlier[1] else "did not confirm"
+    says = "confirms" if confirmed else "does not confirm"
+    yield Violation(
+        cs.rule("validate-not-idempotent"),
+        "confirmed" if "confirmed" in resp.DESCRIPTOR.fields_by_name else "supported",
+        f"the same ValidateVolumeCapabilities request {said} {ago(now - earlier[2])} and"
+        f" {says} now, with no change of the volume answered OK in between",
+    )
+
+
+def _volume_id(volume: Any) -> str:
+    return str(getattr(volume, "volume_id", "") or getattr(volume, "id", ""))
+
+
+def _created(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    if resp is not None and resp.HasField("volume") and _volume_id(resp.volume):
+        memory = st.part(ValidationMemory)
+        memory.created[_volume_id(resp.volume)] = memory.clock()
+
+
+def _deleting(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    st.part(ValidationMemory).created.pop(req.volume_id, None)
+    return ()
+
+
+def _list_response(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    memory = st.part(ValidationMemory)
+    if req.starting_token:
+        walk = memory.walks.pop(req.starting_token, None)
+        if walk is None:
+            return  # a walk begun before this proxy, or by a token of its own
+        began, seen = walk
+    elif not len(memory.created):
+        return  # nothing recent to look for: no walk worth following
+    else:
+        began, seen = memory.clock(), frozenset()
+    if seen is not None:
+        if list_length(call, resp, "entries") != len(resp.entries):
+            seen = None  # a sample of a long page: what it lists is not known
+        else:
+            listed = {_volume_id(e.volume) for e in resp.entries}
+            seen = seen | {vid for vid in memory.created if vid in listed}
+    if resp.next_token:
+        memory.walks[resp.next_token] = (began, seen)
+        return
+    if seen is None:
+        return
+    missing = [
+        vid for vid in memory.created if vid not in seen and memory.created.get(vid, began) <= began
+    ]
+    if missing:
+        when = memory.created.get(missing[0]) or began
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        yield Violation(
+            cs.rule("volume-missing"),
+            "entries",
+            f"a whole listing lacks a volume CreateVolume answered {ago(memory.clock() - when)}"
+            f"{more}, before the listing began, with no DeleteVolume of it sent since",
+        )
+
+
+def _changed(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    volume_id = getattr(req, "volume_id", "")
+    if not volume_id and resp is not None and resp.HasField("volume"):
+        volume = resp.volume
+        volume_id = getattr(volume, "volume_id", "") or getattr(volume, "id", "")
+    if volume_id:
+        memory = st.part(ValidationMemory)
+        memory.changed[volume_id] = memory.clock()
+
+
+def hooks(title: str, v1: bool) -> Hooks:
+    """The family for the CSI version cited as ``title`` (v0.3 has no expansion or modify)."""
+    changes = _CHANGES if v1 else ("DeleteVolume", "CreateVolume")
+    on_success: dict[str, tuple[Any, ...]] = {rpc: (_changed,) for rpc in changes}
+    on_success["CreateVolume"] = (_changed, _created)
+    return Hooks(
+        rules=tuple(_rules(title)),
+        request_checks={"DeleteVolume": (_deleting,)},
+        response_checks={
+            "ValidateVolumeCapabilities": (_validate_response,),
+            "ListVolumes": (_list_response,),
+        },
+        on_success=on_success,
+    )

@@ -1,0 +1,115 @@
+"""CSI v1.12 and v0.3 §ValidateVolumeCapabilities: "This operation MUST be idempotent"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.planted.csi_builders import RWO, rpc_caps, v1_background
+from tests.integration.planted.harness import Case, Step
+
+RULE = "csi.validate-not-idempotent"
+REQUEST = {"volume_id": "vol-1", "volume_capabilities": [RWO]}
+
+
+def validate(answer: dict[str, Any]) -> Step:
+    return Step("ValidateVolumeCapabilities", REQUEST, answer=answer)
+
+
+V1_YES = validate({"confirmed": {"volume_capabilities": [RWO]}})
+V1_NO = validate({"message": "this volume is block only"})
+V0_YES = validate({"supported": True})
+V0_NO = validate({"supported": False, "message": "this volume is block only"})
+
+CASES = [
+    Case(
+        "csi.v1",
+        ("ValidateVolumeCapabilities.3",),
+        RULE,
+        breach=(V1_YES, V1_NO),
+        twin=(
+            V1_YES,
+            # a change of the volume in between may change what it supports
+            Step(
+                "ControllerModifyVolume",
+                {"volume_id": "vol-1", "mutable_parameters": {"tier": "2"}},
+            ),
+            V1_NO,
+        ),
+        background=v1_background(controller=("CREATE_DELETE_VOLUME", "MODIFY_VOLUME")),
+        party="plugin",
+    ),
+    Case(
+        "csi.v0",
+        ("ValidateVolumeCapabilities.3",),
+        RULE,
+        breach=(V0_NO, V0_YES),
+        twin=(V0_NO, V0_NO),
+        background={
+            "GetPluginCapabilities": {
+                "capabilities": [{"service": {"type": "CONTROLLER_SERVICE"}}]
+            },
+            "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME"),
+        },
+        party="plugin",
+    ),
+]
+
+
+def create(spec: str, vid: str) -> Step:
+    id_field = "volume_id" if spec == "csi.v1" else "id"
+    return Step(
+        "CreateVolume",
+        {"name": f"pvc-{vid}", "volume_capabilities": [RWO]},
+        answer={"volume": {id_field: vid}},
+    )
+
+
+def page(spec: str, ids: list[str], token: str = "", next_token: str = "") -> Step:
+    id_field = "volume_id" if spec == "csi.v1" else "id"
+    return Step(
+        "ListVolumes",
+        {"starting_token": token, "max_entries": 1 if token or next_token else 0},
+        answer={"entries": [{"volume": {id_field: i}} for i in ids], "next_token": next_token},
+    )
+
+
+def listing_cases(spec: str, background: dict[str, Any]) -> list[Case]:
+    made = (create(spec, "vol-a"), create(spec, "vol-b"))
+    return [
+        Case(
+            spec,
+            ("ListVolumes.2",),
+            "csi.volume-missing",
+            breach=(*made, page(spec, ["vol-a"])),
+            twin=(*made, page(spec, ["vol-b", "vol-a"])),
+            background=background,
+            party="plugin",
+        ),
+        Case(
+            spec,
+            ("ListVolumes.2",),
+            "csi.volume-missing",
+            breach=(*made, page(spec, ["vol-a"], next_token="t1"), page(spec, ["vol-c"], "t1")),
+            twin=(
+                *made,
+                page(spec, ["vol-a"], next_token="t1"),
+                # made between the pages: it may fall between them
+                create(spec, "vol-c"),
+                page(spec, ["vol-b"], "t1"),
+            ),
+            background=background,
+            party="plugin",
+            variant="paged",
+        ),
+    ]
+
+
+CASES += listing_cases(
+    "csi.v1", v1_background(controller=("CREATE_DELETE_VOLUME", "LIST_VOLUMES"))
+) + listing_cases(
+    "csi.v0",
+    {
+        "GetPluginCapabilities": {"capabilities": [{"service": {"type": "CONTROLLER_SERVICE"}}]},
+        "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME", "LIST_VOLUMES"),
+    },
+)
