@@ -152,11 +152,15 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 "A response field the spec says MUST be set when a capability is advertised"
                 " is not: ListVolumes entry status (LIST_VOLUMES_PUBLISHED_NODES) and"
                 " status.volume_condition (controller VOLUME_CONDITION), ControllerGetVolume"
-                " status.volume_condition (controller VOLUME_CONDITION), NodeGetVolumeStats"
+                " status.volume_condition (controller VOLUME_CONDITION) and published_node_ids"
+                " (LIST_VOLUMES_PUBLISHED_NODES), NodeGetVolumeStats"
                 " volume_condition (node VOLUME_CONDITION).",
                 reject_code=None,
-                note="published_node_ids is not judged: an empty list is how a volume"
-                " published nowhere is reported.",
+                note="An empty published_node_ids is how a volume published nowhere is"
+                " reported, so it is judged only in ControllerGetVolume, for a volume this"
+                " socket saw ControllerPublished before the call, within a leader-election"
+                " lease (15 s: no other replica can have unpublished it) and with no unpublish"
+                " of it sent since.",
             ),
             Rule(
                 "csi.capabilities-inconsistent",

@@ -64,6 +64,7 @@ LISTED_MAX = 4096  # listed entries known by their bytes (a few pages' samples)
 MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest dropped)
 _STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
 _EXPAND_JUDGED = "csi_consistency.expand"  # the request was found out of order already
+_GET_SENT = "csi_consistency.get_sent"  # call.stage_state key: when a ControllerGetVolume came
 _ASKED = "csi_consistency.asked"  # when a request naming a snapshot arrived
 _GROUP = "csi_consistency.group"  # the group a DeleteVolumeGroupSnapshot forgot on arrival
 
@@ -234,6 +235,8 @@ class ConsistencyState:
         # group_snapshot_id -> when DeleteVolumeGroupSnapshot answered OK for it; only for a
         # lease, as another replica may re-create a group under the same id later.
         self.deleted_groups: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
+        # volume id -> when a ControllerUnpublishVolume of it last arrived; for a lease.
+        self.unpublish_sent: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
         # The topology key prefix the plugin last returned: (prefix, rpc, when).
         self.prefix: tuple[str, str, float] | None = None
         # Hash of a listed entry's wire bytes -> (volume id, fingerprint of its context),
@@ -865,6 +868,49 @@ class ConsistencyChecks:
             )
             if changed is not None:
                 yield changed
+        yield from self._published_nodes_left_out(cs, st, call, req, resp)
+
+    def controller_get_volume_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        call.stage_state[_GET_SENT] = _mem(st).clock()
+        return ()
+
+    def _published_nodes_left_out(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        """§ControllerGetVolume: with LIST_VOLUMES_PUBLISHED_NODES the status names the nodes
+        the volume is published to. proto3 cannot tell an empty list from none, and empty is
+        right for a volume published nowhere; but not for one this socket saw published
+        before the call was sent, within a lease (no other replica can have unpublished it)
+        and with no unpublish of it sent since."""
+        if resp.status.published_node_ids or not resp.HasField("status"):
+            return  # a missing status is csi.required-field's
+        controller = st.known_capabilities("controller")
+        if controller is None or "LIST_VOLUMES_PUBLISHED_NODES" not in controller:
+            return
+        mem = _mem(st)
+        vid = req.volume_id
+        pubs = mem.publishes.get(vid)
+        sent = call.stage_state.get(_GET_SENT)
+        if not pubs or sent is None:
+            return
+        undone = mem.unpublish_sent.get(vid)
+        now = mem.clock()
+        held = [
+            p.at
+            for p in pubs.values()
+            if p.at <= sent and now - p.at <= HANDOVER and (undone is None or undone < p.at)
+        ]
+        if held:
+            yield Violation(
+                cs.rule("response-field-missing"),
+                "status.published_node_ids",
+                f"status.published_node_ids is empty but ControllerPublishVolume published the"
+                f" volume to {len(held)} node(s) {ago(now - max(held))} through this socket,"
+                " with no unpublish since, and the controller advertises"
+                " LIST_VOLUMES_PUBLISHED_NODES",
+            )
 
     def _context_mismatch(self, cs: CompiledSpec, st: SpecState, req: Any) -> Iterable[Violation]:
         prev = _mem(st).contexts.get(req.volume_id)
@@ -982,6 +1028,8 @@ class ConsistencyChecks:
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
         mem = _mem(st)
+        if req.volume_id:
+            mem.unpublish_sent[req.volume_id] = mem.clock()
         pubs = mem.publishes.get(req.volume_id)
         if not pubs:
             return
@@ -1825,6 +1873,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         request |= {
             "ControllerExpandVolume": (c.controller_expand_request,),
             "NodeExpandVolume": (c.node_expand_request,),
+            "ControllerGetVolume": (c.controller_get_volume_request,),
             "GetVolumeGroupSnapshot": (c.get_group_request,),
             "DeleteVolumeGroupSnapshot": (c.delete_group_request,),
             "GetMetadataAllocated": (c.metadata_request,),

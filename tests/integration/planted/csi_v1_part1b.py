@@ -599,6 +599,26 @@ CONTROLLER_GET_VOLUME = [
         background=controller("GET_VOLUME", "VOLUME_CONDITION"),
         party="plugin",
     ),
+    # Published here a moment ago, yet the status names no node.
+    Case(
+        SPEC,
+        ("ControllerGetVolume.4",),
+        "csi.response-field-missing",
+        breach=(
+            Step("ControllerPublishVolume", publish(), answer=PUBLISHED),
+            Step("ControllerGetVolume", {"volume_id": VOL}, answer=GOT),
+        ),
+        twin=(
+            Step("ControllerPublishVolume", publish(), answer=PUBLISHED),
+            Step(
+                "ControllerGetVolume",
+                {"volume_id": VOL},
+                answer={**GOT, "status": {"published_node_ids": [NODE]}},
+            ),
+        ),
+        background=controller(*PUBLISH_CAPS, "GET_VOLUME", "LIST_VOLUMES_PUBLISHED_NODES"),
+        party="plugin",
+    ),
     _required(
         "ControllerGetVolume.3",
         "ControllerGetVolume",
