@@ -10,7 +10,6 @@ from tests.integration.planted.csi_builders import v1_background
 from tests.integration.planted.csi_v1_part2b_builders import (
     CAPACITY,
     GIB,
-    GROUP_ID,
     OTHER_VOLUME,
     ROTATED,
     SECRETS,
@@ -627,28 +626,12 @@ case(
     background=group_background(),
     party="co",
 )
-case(
-    ("DeleteVolumeGroupSnapshot.7",),
-    "csi.required-field-caveat",
-    breach=(Step("DeleteVolumeGroupSnapshot", {"group_snapshot_id": GROUP_ID}),),
-    twin=(Step("DeleteVolumeGroupSnapshot", group_ref()),),
-    background=group_background(),
-    party="co",
-)
 
 GET_OK = {"group_snapshot": group()}
 case(
     ("GetVolumeGroupSnapshot.2",),
     "csi.required-field",
     breach=(Step("GetVolumeGroupSnapshot", {"snapshot_ids": ["group-1-snap-1"]}, answer=GET_OK),),
-    twin=(Step("GetVolumeGroupSnapshot", group_ref(), answer=GET_OK),),
-    background=group_background(),
-    party="co",
-)
-case(
-    ("GetVolumeGroupSnapshot.5",),
-    "csi.required-field-caveat",
-    breach=(Step("GetVolumeGroupSnapshot", {"group_snapshot_id": GROUP_ID}, answer=GET_OK),),
     twin=(Step("GetVolumeGroupSnapshot", group_ref(), answer=GET_OK),),
     background=group_background(),
     party="co",
