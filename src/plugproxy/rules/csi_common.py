@@ -362,6 +362,20 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " plugin.",
             ),
             Rule(
+                "csi.retry-advised-unchanged",
+                SHOULD,
+                (CO,),
+                f"{title} §{{rpc}}",
+                "The CO re-sent an identical DeleteVolumeGroupSnapshot or"
+                " GetVolumeGroupSnapshot within 10 minutes of the plugin answering it"
+                " INVALID_ARGUMENT, whose row for these RPCs advises other snapshot_ids.",
+                reject_code=None,
+                note="Reported, never enforced. The row adds a snapshot_ids mismatch to the"
+                " general INVALID_ARGUMENT cases and only advises a change (SHOULD), so the"
+                " re-send is judged at that level; either way the same request cannot"
+                " succeed.",
+            ),
+            Rule(
                 "csi.name-banned-characters",
                 MUST,
                 (CO,),

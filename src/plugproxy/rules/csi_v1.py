@@ -340,6 +340,9 @@ FIX_FIRST = {
 _ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
 _ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
 _RANGE = FixFirst("MUST fix the capacity range before retrying", must_change=("capacity_range",))
+_OTHER_SNAPSHOT_IDS = FixFirst(
+    "SHOULD use other snapshot_ids before retrying", rule="retry-advised-unchanged"
+)
 # §CreateVolume errors, ALREADY_EXISTS: the name's volume is incompatible with one of these
 # arguments; a retry for the name keeping them all keeps the incompatibility (secrets and
 # mutable_parameters are not among them).
@@ -356,7 +359,8 @@ _VOLUME_ARGUMENTS = FixFirst(
 
 # The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
 # recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
-# outside the request, so an unchanged retry is not judged for that RPC and code.
+# outside the request, so an unchanged retry is not judged for that RPC and code; a row
+# advising a change in the request with SHOULD names csi.retry-advised-unchanged instead.
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "CreateVolume": {"ALREADY_EXISTS": _VOLUME_ARGUMENTS, "OUT_OF_RANGE": _RANGE},
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
@@ -378,8 +382,9 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
         "OUT_OF_RANGE": _RANGE,
     },
     "CreateVolumeGroupSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},
-    "DeleteVolumeGroupSnapshot": {"INVALID_ARGUMENT": None},  # "SHOULD use different"
-    "GetVolumeGroupSnapshot": {"INVALID_ARGUMENT": None},
+    # "caller SHOULD use different snapshot_ids": an identical re-send judged at SHOULD.
+    "DeleteVolumeGroupSnapshot": {"INVALID_ARGUMENT": _OTHER_SNAPSHOT_IDS},
+    "GetVolumeGroupSnapshot": {"INVALID_ARGUMENT": _OTHER_SNAPSHOT_IDS},
     "GetMetadataAllocated": {"INVALID_ARGUMENT": None},  # "should correct ... and resubmit"
     "GetMetadataDelta": {"INVALID_ARGUMENT": None},
 }

@@ -148,6 +148,9 @@ class FixFirst:
     # retry keeping them all is retry-unfixed; () when no retry is allowed at all; None
     # when the row names none (any change may be the fix: only identical re-sends judged).
     must_change: tuple[str, ...] | None = None
+    # The rule an identical re-send breaks (suffix of the spec's family): a row that only
+    # advises the change (SHOULD) names a rule of that level instead.
+    rule: str = "retry-without-change"
 
 
 @dataclass(frozen=True)

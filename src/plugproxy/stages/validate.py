@@ -757,7 +757,7 @@ class ValidateStage(Stage):
         row = plan.fix_first.get(code)
         recovery = row.recovery if row is not None else "MUST change the request first"
         return Violation(
-            plan.spec.rule("retry-without-change"),
+            plan.spec.rule(row.rule if row is not None else "retry-without-change"),
             "",
             f"{plan.rpc} re-sent unchanged; the plugin answered the same request {code}"
             f" {ago(mem.clock() - when)}, and then the caller {recovery}",

@@ -945,3 +945,19 @@ case(
     why="the plugin advertises the snapshot metadata service but this endpoint does not serve it",
     variant="snapshot-metadata",
 )
+
+MISMATCH = ("INVALID_ARGUMENT", "snapshot_ids are not the group's members")
+for sid, rpc, answer in (
+    ("DeleteVolumeGroupSnapshot-Errors.5", "DeleteVolumeGroupSnapshot", {}),
+    ("GetVolumeGroupSnapshot-Errors.5", "GetVolumeGroupSnapshot", {"group_snapshot": group()}),
+):
+    wrong = group_ref(snapshot_ids=["group-1-snap-1", "group-1-snap-9"])
+    case(
+        (sid,),
+        "csi.retry-advised-unchanged",
+        breach=(Step(rpc, wrong, error=MISMATCH), Step(rpc, wrong, error=MISMATCH)),
+        twin=(Step(rpc, wrong, error=MISMATCH), Step(rpc, group_ref(), answer=answer)),
+        background=group_background(),
+        party="co",
+        why="the same snapshot_ids re-sent after the plugin answered them a mismatch",
+    )
