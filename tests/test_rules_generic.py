@@ -489,6 +489,19 @@ async def test_retry_is_never_enforced():
     assert not d.last.rejected and ("retry-without-change", "co") in got
 
 
+async def test_a_group_snapshot_get_or_delete_re_sent_after_a_mismatch_is_a_should(driver):
+    # CSI v1.12 §DeleteVolumeGroupSnapshot, §GetVolumeGroupSnapshot errors: the
+    # INVALID_ARGUMENT row only advises other snapshot_ids.
+    for rpc in ("DeleteVolumeGroupSnapshot", "GetVolumeGroupSnapshot"):
+        request = v1(f"{rpc}Request", group_snapshot_id="g-1", snapshot_ids=["s-1", "s-9"])
+        await driver.call("csi.v1", rpc, request, code=grpc.StatusCode.INVALID_ARGUMENT)
+        again = await driver.call("csi.v1", rpc, request, code=grpc.StatusCode.INVALID_ARGUMENT)
+        assert ("retry-advised-unchanged", "co") in again, rpc
+        assert ("retry-without-change", "co") not in again, rpc
+        (text,) = messages(driver.last, "retry-advised-unchanged")
+        assert "SHOULD use other snapshot_ids" in text
+
+
 async def test_map_order_does_not_hide_a_retry(driver):
     """A Go CO writes maps in random order: the same request may come as other bytes."""
     base = create_request().SerializeToString()
