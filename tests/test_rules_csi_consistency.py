@@ -443,7 +443,9 @@ def test_node_calls_must_pass_the_publish_context_of_this_nodes_publication():
     assert p.stage_at(publish_context={"devicePath": "/dev/b"}) == {"csi.publish-context-mismatch"}
     assert "/dev/" not in p.messages()
     assert "(1 entries) differs from the one ControllerPublishVolume" in p.messages()
-    assert p.stage_at() == set()  # OPTIONAL; empty cannot be told from not passed
+    # OPTIONAL, but the publication returned entries: empty is not passing them
+    assert p.stage_at() == {"csi.publish-context-mismatch"}
+    assert "publish_context is empty, not passing the one" in p.messages()
     assert p.stage_at(publish_context={"devicePath": "/dev/a"}) == set()
     assert p.publish_at(publish_context={"devicePath": "/dev/a"}) == set()
     assert p.publish_at("/t2", publish_context={"devicePath": "/dev/c"}) == {

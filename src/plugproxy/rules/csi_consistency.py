@@ -392,8 +392,9 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " this node on this socket (unified socket).",
             reject_code=None,
             note="Judged only when this proxy saw the ControllerPublishVolume for the volume"
-            " and its own node (NodeGetInfo), for a non-empty map (the request field is"
-            " OPTIONAL; proto3 cannot tell empty from not passed), and only while an unpublish"
+            " and its own node (NodeGetInfo); an empty map (the request field is OPTIONAL, and"
+            " proto3 cannot tell empty from not passed) only when that publication returned"
+            " entries, which the CO MUST then pass; and only while an unpublish"
             f" through another HA replica is impossible: within {HANDOVER:.0f} s of it (a"
             " leader-election lease), or while the volume is staged or published on the node."
             f" Compared as digests; {seen}.",
@@ -1064,9 +1065,11 @@ class ConsistencyChecks:
             return
         name = self.f.publish_context
         given = getattr(req, name)
-        # OPTIONAL in the request; proto3 cannot tell empty from not passed.
-        if not given or map_digest(given) == pub.context:
+        # OPTIONAL in the request, as the plugin may return none; proto3 cannot tell empty
+        # from not passed, and both break the MUST when the publication returned entries.
+        if map_digest(given) == pub.context:
             return
+        what = f"({len(given)} entries) differs from" if given else "is empty, not passing"
         yield Violation(
             cs.rule("publish-context-mismatch"),
             name,

@@ -358,6 +358,25 @@ CONTROLLER_PUBLISH = [
         background=unified(*PUBLISH_CAPS),
         party="co",
     ),
+    # ... or none at all, though the controller returned one.
+    Case(
+        SPEC,
+        ("ControllerPublishVolume.22",),
+        "csi.publish-context-mismatch",
+        breach=(
+            Step("NodeGetInfo", answer=NODE_INFO),
+            Step("ControllerPublishVolume", publish(), answer=PUBLISHED),
+            Step("NodeStageVolume", stage(), answer={}),
+        ),
+        twin=(
+            Step("NodeGetInfo", answer=NODE_INFO),
+            Step("ControllerPublishVolume", publish(), answer={}),
+            Step("NodeStageVolume", stage(), answer={}),
+        ),
+        background=unified(*PUBLISH_CAPS),
+        party="co",
+        variant="not passed",
+    ),
     Case(
         SPEC,
         ("ControllerPublishVolume-Errors.6",),
