@@ -899,6 +899,30 @@ def test_group_snapshot_secrets_should_stay_the_same():
     assert p.ids("GetVolumeGroupSnapshot", again, code="NOT_FOUND") == set()  # deleted
 
 
+def test_group_snapshot_secrets_of_a_repeated_create_and_a_retried_delete():
+    p = Proxy()
+    group = {"group_snapshot_id": "g-1", "snapshots": [{"snapshot_id": "s-1"}]}
+    create = {"name": "g", "source_volume_ids": ["vol-1"], "secrets": {"k": "a"}}
+    p.call("CreateVolumeGroupSnapshot", create, {"group_snapshot": group})
+    # polled until ready: the same secrets are fine, rotated ones are reported
+    assert p.ids("CreateVolumeGroupSnapshot", create, {"group_snapshot": group}) == set()
+    rotated = {**create, "secrets": {"k": "b"}}
+    assert p.call("CreateVolumeGroupSnapshot", rotated, {"group_snapshot": group}) == [
+        ("csi.secrets-changed", "co", "secrets")
+    ]
+    # a delete the plugin refused leaves the group and its secrets to compare a retry with
+    q = Proxy()
+    delete = {"group_snapshot_id": "g-2", "snapshot_ids": ["s-2"], "secrets": {"k": "a"}}
+    assert p.ids("DeleteVolumeGroupSnapshot", delete, code="FAILED_PRECONDITION") == set()
+    assert p.ids("DeleteVolumeGroupSnapshot", {**delete, "secrets": {"k": "b"}}) == {
+        "csi.secrets-changed"
+    }
+    # one it answered NOT_FOUND (gone) or OK is forgotten
+    assert q.ids("DeleteVolumeGroupSnapshot", delete, code="NOT_FOUND") == set()
+    assert q.ids("DeleteVolumeGroupSnapshot", {**delete, "secrets": {"k": "b"}}) == set()
+    assert q.ids("DeleteVolumeGroupSnapshot", delete) == set()
+
+
 # -- listings ----------------------------------------------------------------------------------
 
 

@@ -16,12 +16,7 @@ from plugproxy.api import Call, LazyMessage, Runtime, StatusCode
 from plugproxy.fakes import FailureRule, FakeKnobs
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
-from plugproxy.rules.csi_responses import (
-    STREAM_KEY,
-    STREAM_TUPLES_JUDGED,
-    TUPLES_JUDGED,
-    TUPLES_SAMPLED,
-)
+from plugproxy.rules.csi_responses import STREAM_KEY
 from plugproxy.sampling import SAMPLE_MIN_BYTES, picked_indices
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
@@ -435,58 +430,48 @@ async def test_a_sampled_message_raises_no_false_order_alarm():
     assert await h.call("GetMetadataAllocated", req, [first, second]) == []
 
 
-async def test_a_sampled_message_is_judged_where_the_sample_keeps_neighbours():
+async def test_a_sampled_message_is_judged_on_every_tuple():
+    """A message the proxy keeps only a sample of (plugproxy.sampling) is decoded whole for
+    its tuples: a breach anywhere is found and named by its wire index."""
     h = Harness()
     n = 20_000
     kept = picked_indices(n)
-    # An overlap among the head the sample keeps whole: found, named by its wire index.
-    head_bad = [i * 2 * BLOCK for i in range(n)]
-    head_bad[50] = head_bad[49] + BLOCK // 2
     req = h.new("GetMetadataAllocatedRequest", snapshot_id="s1")
-    found = only(
-        await h.call("GetMetadataAllocated", req, [big_message(h, head_bad)]),
-        "csi.metadata-order",
-    )
-    assert found[2] == "block_metadata[50].byte_offset"
-    # Out of order between two tuples the sample keeps side by side but the wire holds far
-    # apart: not judged, since which of the unseen tuples between breaks the order, and
-    # where, cannot be told.
-    late = kept[-3]
-    assert late - 1 not in kept
-    late_bad = [i * 2 * BLOCK for i in range(n)]
-    late_bad[late] = late_bad[kept[-4]]
-    assert await h.call("GetMetadataAllocated", req, [big_message(h, late_bad)]) == []
+    for where in (50, next(i for i in range(1, n) if i not in kept and i - 1 not in kept)):
+        bad = [i * 2 * BLOCK for i in range(n)]
+        bad[where] = bad[where - 1] + BLOCK // 2  # overlaps the tuple before it
+        found = only(
+            await h.call("GetMetadataAllocated", req, [big_message(h, bad)]),
+            "csi.metadata-order",
+        )
+        assert found[2] == f"block_metadata[{where}].byte_offset"
+    # and a zero size or a FIXED_LENGTH size that differs, far from what the sample keeps
+    far = next(i for i in range(n // 2, n) if i not in kept)
+    for size, rule in ((0, "csi.metadata-size-zero"), (BLOCK // 2, "csi.metadata-fixed-length")):
+        msg = metadata(h, [(i * 2 * BLOCK, size if i == far else BLOCK) for i in range(n)])
+        raw = msg.SerializeToString()
+        assert len(raw) >= SAMPLE_MIN_BYTES
+        found = only(await h.call("GetMetadataAllocated", req, [raw]), rule)
+        assert found[2] == f"block_metadata[{far}].size_bytes"
 
 
-async def test_a_long_message_is_read_in_part_judging_only_wire_neighbours():
-    """Over TUPLES_JUDGED tuples (a message under the sampling size), a head and a spread
-    of tuples are read, each with the one before it; order is judged between those."""
+async def test_a_long_message_is_judged_on_every_tuple():
+    """A message under the sampling size with thousands of tuples: each is judged."""
     h = Harness()
-    n = 3 * TUPLES_JUDGED
-    picked = picked_indices(n, TUPLES_JUDGED // 2)
-    read = sorted({q for p in picked for q in (p - 1, p) if q >= 0})
-    assert len(read) <= TUPLES_JUDGED < n
+    n = 3000
     good = [i * 2 * BLOCK for i in range(n)]
     raw = metadata(h, [(o, BLOCK) for o in good]).SerializeToString()
-    assert len(raw) < SAMPLE_MIN_BYTES  # not sampled on the wire: bounded by the rule itself
+    assert len(raw) < SAMPLE_MIN_BYTES
     req = h.new("GetMetadataAllocatedRequest", snapshot_id="s1")
     assert await h.call("GetMetadataAllocated", req, [raw]) == []
-    # A tuple read with its predecessor: judged, named by its index.
-    p = picked[-3]
-    assert p - 1 in read and p - 2 not in read
-    bad = list(good)
-    bad[p] = bad[p - 1]
-    found = only(
-        await h.call("GetMetadataAllocated", req, [metadata(h, [(o, BLOCK) for o in bad])]),
-        "csi.metadata-order",
-    )
-    assert found[2] == f"block_metadata[{p}].byte_offset"
-    # A predecessor read only as such is not compared with the tuple read before it, which
-    # the wire holds far away: no alarm for what lies between, unseen.
-    bad = list(good)
-    bad[p - 1] = bad[picked[-4]]
-    tuples = [(o, BLOCK) for o in bad]
-    assert await h.call("GetMetadataAllocated", req, [metadata(h, tuples)]) == []
+    for p in (1, n // 3 + 7, n - 1):
+        bad = list(good)
+        bad[p] = bad[p - 1]
+        found = only(
+            await h.call("GetMetadataAllocated", req, [metadata(h, [(o, BLOCK) for o in bad])]),
+            "csi.metadata-order",
+        )
+        assert found[2] == f"block_metadata[{p}].byte_offset"
 
 
 # -- csi.delete-not-idempotent --------------------------------------------------------------------
@@ -645,10 +630,8 @@ async def test_the_count_rules_of_requisite_topologies_are_judged(spec):
         assert "topology.example.com" not in mine[0][3]  # no value is quoted
 
 
-async def test_a_long_stream_is_read_within_its_budget_and_still_judged_across_messages():
-    """Once a stream has read STREAM_TUPLES_JUDGED tuples, each further message is read on
-    a sample of TUPLES_SAMPLED (first and last always): a 100,000-block stream costs
-    milliseconds. Order across messages is still judged exactly."""
+async def test_a_long_stream_is_judged_on_every_tuple_and_across_messages():
+    """30,000 tuples in 30 messages: every one is judged, and order across messages too."""
     h = Harness()
     req = h.new("GetMetadataAllocatedRequest", snapshot_id="s1")
     per, messages = 1000, 30
@@ -664,9 +647,7 @@ async def test_a_long_stream_is_read_within_its_budget_and_still_judged_across_m
         lazy = LazyMessage(resp.SerializeToString(), method.response_class)
         call.response = lazy
         h.stage.on_response(call, lazy)
-    read = call.stage_state[STREAM_KEY].read
-    assert read <= STREAM_TUPLES_JUDGED + TUPLES_JUDGED + messages * (TUPLES_SAMPLED + 2)
-    assert read < messages * per // 5  # of 30,000 tuples
+    assert call.stage_state[STREAM_KEY].read == messages * per
     h.stage.on_finish(call)
     found = [e.attributes for e in call.events if e.name == "violation"]
     assert [(f["rule"], f["field"]) for f in found] == [

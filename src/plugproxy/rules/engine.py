@@ -182,6 +182,9 @@ class ServiceNeeds:
 # call.stage_state key: the response message being judged (a LazyMessage), set by the
 # validate stage so response checks can count a list that was sampled (plugproxy.sampling).
 JUDGED_RESPONSE = "validate.response"
+# call.stage_state key: names of sampled lists a response check decoded and judged whole,
+# whose violations already name entries by their index on the wire.
+JUDGED_WHOLE = "validate.whole"
 
 
 def list_length(call: Call, resp: Any, field_name: str) -> int:

@@ -60,6 +60,7 @@ from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
     CO,
     JUDGED_RESPONSE,
+    JUDGED_WHOLE,
     MUST,
     PLUGIN,
     CompiledSpec,
@@ -888,7 +889,9 @@ class ValidateStage(Stage):
                 finally:
                     del call.stage_state[JUDGED_RESPONSE]
         if sample is not None:
-            out = [_real_index(v, sample.indices) for v in out]
+            whole = call.stage_state.pop(JUDGED_WHOLE, ())
+            indices = {k: v for k, v in sample.indices.items() if k not in whole}
+            out = [_real_index(v, indices) for v in out]
             if plan.response_checker is not None:
                 out[:0] = _check_sample(plan, sample)
         if out:
