@@ -440,6 +440,11 @@ CSI_REPEAT_NOTE = (
     " on the node service, whose volumes only this socket's caller changes, and OUT_OF_RANGE"
     " for NodeExpandVolume (a volume that reached the target stays that large); node paths"
     " are objects too. NOT_FOUND from a delete is csi.delete-not-idempotent's."
+    " ControllerPublishVolume is also judged when the repeat is not identical but asks the"
+    " capability and readonly of the publication seen (other secrets or volume_context),"
+    " within a leader-election lease of it and with no unpublish of the volume sent since:"
+    " ALREADY_EXISTS, FAILED_PRECONDITION or RESOURCE_EXHAUSTED then deny a compatible"
+    " publication that exists."
 )
 
 
@@ -451,6 +456,17 @@ def generic_rules(
     says what the family's table adds to not-idempotent; ``backoff``: whether the spec's
     recovery rows ask for exponential back off (retry-without-backoff)."""
     rules = [
+        Rule(
+            f"{family}.error-message-unreadable",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            "A non-OK status carries a message that is not readable text: control characters"
+            " other than tab and line breaks, or bytes that are not UTF-8.",
+            note="grpc-message is percent-encoded UTF-8 on the wire; bytes that do not decode"
+            " as UTF-8 reach the proxy as U+FFFD, and a message holding one is reported too."
+            " The message is never quoted.",
+        ),
         Rule(
             f"{family}.status-code-not-canonical",
             MUST,

@@ -33,6 +33,7 @@ import os
 import socket
 import threading
 import time
+import unicodedata
 from collections.abc import Awaitable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -491,6 +492,19 @@ def _check_sample(plan: _Plan, sample: Sample) -> list[Violation]:
                 remember(clean, hash(raws[positions[j]]), None, CLEAN_ENTRIES_MAX)
     real = {name: [sample.indices[name][p] for p in positions] for name, positions in fresh.items()}
     return [_real_index(v, real) for v in found]
+
+
+def unreadable_text(text: str) -> str | None:
+    """What makes ``text`` no readable text (control characters other than tab and line
+    breaks, U+FFFD where bytes were not UTF-8), or None. Never quotes it."""
+    controls = sum(1 for c in text if c not in "\t\n\r" and unicodedata.category(c) == "Cc")
+    replaced = text.count("\ufffd")
+    found = []
+    if controls:
+        found.append(f"{controls} control character(s)")
+    if replaced:
+        found.append(f"{replaced} byte sequence(s) that are not UTF-8 (read as U+FFFD)")
+    return " and ".join(found) or None
 
 
 def _entry_position(field: str, name: str) -> int | None:
@@ -970,6 +984,11 @@ class ValidateStage(Stage):
         empty, details = cs.find("error-message-empty"), cs.find("status-details-nonempty")
         if not call.details and empty is not None:
             out.append(Violation(empty, "", f"{code.name} status with an empty message"))
+        elif empty is not None and (not call.details.isprintable() or "\ufffd" in call.details):
+            problem = unreadable_text(call.details)
+            if problem is not None:
+                rule = plan.spec.rule("error-message-unreadable")
+                out.append(Violation(rule, "", f"{code.name} status message holds {problem}"))
         for key, value in call.trailing_metadata:
             if key != DETAILS_KEY or not value or details is None:
                 continue
