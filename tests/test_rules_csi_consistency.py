@@ -656,6 +656,7 @@ def test_one_volume_per_target_path():
         ("csi.target-path-conflict", "co", "target_path")
     ]
     p.call("NodeUnpublishVolume", {"volume_id": "vol-a", "target_path": "/t"})
+    p.stage_at("/s", "vol-b")  # refused without a staging path: staged before the retry
     assert p.publish_at("/t", "vol-b") == set()
     p.call("NodeUnpublishVolume", {"volume_id": "vol-b", "target_path": "/t"}, code="NOT_FOUND")
     assert p.publish_at("/t", "vol-c") == set()

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules import csi_capabilities, csi_consistency, csi_readonly, csi_responses
+from plugproxy.rules import (
+    csi_capabilities,
+    csi_consistency,
+    csi_order,
+    csi_readonly,
+    csi_responses,
+)
 from plugproxy.rules.csi_common import (
     TRANSPORT_CODES,
     CsiChecks,
@@ -378,6 +384,7 @@ TABLE = SpecTable(
         _NODE_GET_ID,
         csi_capabilities.hooks(TITLE, v1=False),
         csi_consistency.hooks(TITLE, v1=False),
+        csi_order.hooks(TITLE, v1=False),
         csi_responses.hooks(TITLE, v1=False),
         csi_readonly.hooks(TITLE, v1=False),
     ),

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugproxy.rules import csi_capabilities, csi_consistency, csi_readonly, csi_responses
+from plugproxy.rules import (
+    csi_capabilities,
+    csi_consistency,
+    csi_order,
+    csi_readonly,
+    csi_responses,
+)
 from plugproxy.rules.csi_common import (
     TRANSPORT_CODES,
     CsiChecks,
@@ -525,6 +531,7 @@ TABLE = SpecTable(
         _BASE,
         csi_capabilities.hooks(TITLE, v1=True),
         csi_consistency.hooks(TITLE, v1=True),
+        csi_order.hooks(TITLE, v1=True),
         csi_responses.hooks(TITLE, v1=True),
         csi_readonly.hooks(TITLE, v1=True),
     ),

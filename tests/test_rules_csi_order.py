@@ -1,0 +1,134 @@
+"""CSI call order and publication answers judged from this socket's own history
+(rules/csi_order.py): each rule planted by the party it judges, the same calls made
+legitimately, and the Kubernetes, HA and restart cases that must stay quiet; through the real
+validate stage driven in-process (the Proxy of test_rules_csi_consistency)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import tests.test_rules_csi_consistency as consistency
+from plugproxy.rules import TABLES
+from plugproxy.rules.csi_order import OrderState
+from tests.test_rules_csi_consistency import NODE, RWO, V1_CAPS, Proxy
+
+MINE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _family(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Proxy reports the rules of its module's FAMILY: add this family's
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | set(MINE))
+
+
+def test_the_family_defines_its_rules_in_both_versions_and_enforces_none():
+    for spec, title in (("csi.v1", "CSI v1.12 §"), ("csi.v0", "CSI v0.3 §")):
+        rules = {r.id: r for r in TABLES[spec].rules}
+        for rid, level in MINE.items():
+            assert rules[rid].reject_code is None, rid
+            assert rules[rid].section.startswith(title), rid
+            assert rules[rid].level == level, rid
+
+
+def attacher_here(p: Proxy) -> None:
+    """A ControllerPublishVolume of another volume: the attacher's calls pass here."""
+    p.publish("vol-0")
+
+
+def unpublish(p: Proxy, vid: str = "vol-1", node: str = NODE, code: str = "OK") -> set[str]:
+    req = {"volume_id": vid, "node_id": node} if node else {"volume_id": vid}
+    return p.ids("ControllerUnpublishVolume", req, {}, code)
+
+
+def node_publish(p: Proxy, staging: str = "/s", code: str = "OK", **extra: Any) -> set[str]:
+    req: dict[str, Any] = {
+        "volume_id": "vol-1",
+        "target_path": "/t",
+        "volume_capability": RWO,
+        **extra,
+    }
+    if staging:
+        req["staging_target_path"] = staging
+    return p.ids("NodePublishVolume", req, {}, code)
+
+
+# -- NodePublishVolume after "staging target path not set" ---------------------------------
+
+
+def test_refusals_of_another_row_and_what_a_proxy_cannot_know_stay_quiet():
+    # FAILED_PRECONDITION to a request with a staging path: another row (capabilities)
+    p = Proxy()
+    node_publish(p, code="FAILED_PRECONDITION")
+    assert node_publish(p, staging="/s2") == set()
+    # without STAGE_UNSTAGE_VOLUME the refusal is "exceeds capabilities"
+    q = Proxy(caps={**V1_CAPS, "node": {"GET_VOLUME_STATS"}})
+    node_publish(q, staging="", code="FAILED_PRECONDITION")
+    assert node_publish(q) == set()
+    # a refusal this proxy did not see (it started after): nothing to judge
+    assert node_publish(Proxy()) == set()
+    # inline ephemeral volumes are published without staging path: never judged here
+    r = Proxy()
+    node_publish(r, staging="", code="FAILED_PRECONDITION")
+    assert node_publish(r, staging="") == set()
+    # staged here before the refusal and not unstaged: the retry's path is staged
+    s = Proxy()
+    s.stage_at("/s")
+    node_publish(s, staging="", code="FAILED_PRECONDITION")
+    assert node_publish(s) == set()
+
+
+# -- NodePublishVolume after a failed NodeStageVolume ----------------------------------------
+
+
+def test_publish_at_a_path_whose_last_stage_failed():
+    p = Proxy()
+    p.stage_at("/s", code="INTERNAL")
+    assert node_publish(p) == {"csi.call-order"}
+    assert "last NodeStageVolume here failed" in p.messages()
+    assert not p.rejected
+    p.stage_at("/s")  # kubelet stages again before publishing
+    assert node_publish(p) == set()
+    # staged, then a repeat fails: the last word on the path is the failure
+    p.stage_at("/s", code="NOT_FOUND")
+    assert node_publish(p) == {"csi.call-order"}
+
+
+def test_a_stage_whose_outcome_is_unknown_or_elsewhere_is_not_judged():
+    p = Proxy()
+    p.stage_at("/s", code="DEADLINE_EXCEEDED")  # it may have staged: not judged
+    assert node_publish(p) == set()
+    q = Proxy()
+    q.stage_at("/s")
+    q.stage_at("/other", code="INTERNAL")  # another path failed
+    assert node_publish(q) == set()
+    # kubelet after a proxy restart: stages (OK), then publishes
+    r = Proxy()
+    r.stage_at("/s")
+    assert node_publish(r) == set()
+    # csi-sanity's negative cases: requests without their REQUIRED fields
+    s = Proxy()
+    s.stage_at("/s", code="INVALID_ARGUMENT")
+    req = {"volume_id": "vol-1", "staging_target_path": "/s", "volume_capability": RWO}
+    assert s.ids("NodePublishVolume", req, {}, "INVALID_ARGUMENT") == set()  # no target_path
+
+
+# -- CSI v0.3 -------------------------------------------------------------------------------
+
+
+def test_csi_v0_node_order():
+    q = Proxy("csi.v0")
+    q.stage_at("/s", code="INTERNAL")
+    assert node_publish(q) == {"csi.call-order"}
+
+
+def test_memory_is_bounded_and_expires():
+    p = Proxy(max_volumes=4)
+    for i in range(10):
+        p.stage_at(f"/s{i}", vid=f"vol-{i}", code="INTERNAL")
+    mem = p.state.part(OrderState)
+    assert len(mem.stages) == 4
+    p.clock.now += p.state.lifecycle_ttl + 1
+    assert len(mem.stages) == 0
+    assert node_publish(p, staging="/s9") == set()  # forgotten: unknown, never a fault
