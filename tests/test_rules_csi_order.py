@@ -12,7 +12,8 @@ import pytest
 import tests.test_rules_csi_consistency as consistency
 from plugproxy.rules import TABLES
 from plugproxy.rules.csi_order import OrderState
-from tests.test_rules_csi_consistency import NODE, RWO, V1_CAPS, Proxy
+from plugproxy.rules.memory import HANDOVER
+from tests.test_rules_csi_consistency import NODE, OTHER, RWO, V1_CAPS, Proxy
 
 MINE: dict[str, str] = {}
 
@@ -114,6 +115,72 @@ def test_a_stage_whose_outcome_is_unknown_or_elsewhere_is_not_judged():
     assert s.ids("NodePublishVolume", req, {}, "INVALID_ARGUMENT") == set()  # no target_path
 
 
+# -- NodeStageVolume before ControllerPublishVolume (unified socket) -------------------------
+
+
+def test_stage_before_controller_publish_on_a_unified_socket():
+    p = Proxy()
+    attacher_here(p)
+    p.create()
+    p.node_info()
+    assert p.stage_at() == {"csi.call-order"}
+    assert "not ControllerPublished to this node" in p.messages()
+    assert p.last[0]["party"] == "co" and not p.rejected
+    # the plugin's refusal is not reported a second time
+    assert p.stage_at(code="FAILED_PRECONDITION") == {"csi.call-order"}
+    assert len(p.last) == 1
+    # csi-sanity and Kubernetes publish first
+    p.publish()
+    assert p.stage_at() == set()
+    # unpublished from this node since: stage again only after a new publish
+    p.call("NodeUnstageVolume", {"volume_id": "vol-1", "staging_target_path": "/s"})
+    unpublish(p)
+    assert p.stage_at() == {"csi.call-order"}
+    assert "unpublished from this node" in p.messages()
+
+
+def test_stage_order_stays_quiet_where_another_replica_may_have_published():
+    # the attacher's calls begin passing here only after the volume's creation
+    p = Proxy()
+    p.create()
+    p.clock.now += 1
+    attacher_here(p)
+    p.node_info()
+    assert p.stage_at() == set()
+    # a gap of a lease in the attacher's calls since the creation
+    q = Proxy()
+    attacher_here(q)
+    q.create()
+    q.node_info()
+    q.clock.now += HANDOVER + 1
+    assert q.stage_at() == set()
+    # no ControllerPublishVolume through this socket at all (a node socket, attachRequired off)
+    r = Proxy()
+    r.create()
+    r.node_info()
+    assert r.stage_at() == set()
+    # published to another node only, or not created here, or no PUBLISH_UNPUBLISH_VOLUME
+    s = Proxy()
+    attacher_here(s)
+    s.create()
+    s.node_info()
+    s.publish(node=OTHER)
+    assert s.stage_at() == {"csi.call-order"}  # this node's publication is missing
+    assert s.stage_at(vid="vol-9") == set()
+    t = Proxy(caps={**V1_CAPS, "controller": {"CREATE_DELETE_VOLUME"}})
+    attacher_here(t)
+    t.create()
+    t.node_info()
+    assert t.stage_at() == set()
+    # csi-sanity stages a volume it did not publish only in requests missing a REQUIRED field
+    u = Proxy()
+    attacher_here(u)
+    u.create()
+    u.node_info()
+    req = {"volume_id": "vol-1", "staging_target_path": "/s"}
+    assert u.ids("NodeStageVolume", req, {}, "INVALID_ARGUMENT") == set()
+
+
 # -- CSI v0.3 -------------------------------------------------------------------------------
 
 
@@ -121,6 +188,14 @@ def test_csi_v0_node_order():
     q = Proxy("csi.v0")
     q.stage_at("/s", code="INTERNAL")
     assert node_publish(q) == {"csi.call-order"}
+
+
+def test_csi_v0_stage_before_controller_publish():
+    p = Proxy("csi.v0")
+    attacher_here(p)
+    p.create()
+    p.node_info()
+    assert p.stage_at() == {"csi.call-order"}
 
 
 def test_memory_is_bounded_and_expires():

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules import csi_responses
+from plugproxy.rules import csi_order, csi_responses
 from plugproxy.rules.engine import (
     CO,
     MUST,
@@ -1275,6 +1275,8 @@ class ConsistencyChecks:
         node = st.node_id
         if code not in ("FAILED_PRECONDITION", "NOT_FOUND") or node is None:
             return
+        if csi_order.stage_judged(call):
+            return  # reported at the request already (csi_order)
         if getattr(req, self.f.publish_context):
             return  # the CO passes what some ControllerPublishVolume returned
         mem = _mem(st)

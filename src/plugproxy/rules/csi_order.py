@@ -7,23 +7,36 @@ and v0.3).
   (volume, staging path) whose last NodeStageVolume here failed. A node socket sees every
   NodeStageVolume of its node (kubelet has no other way to the plugin), so what it saw since
   is all there was; what came before the proxy started is unknown and never judged.
+- Unified socket (controller and node): NodeStageVolume of a volume created here on the
+  node NodeGetInfo named here, with no ControllerPublishVolume to that node answered OK
+  (and not undone) since, while the controller advertises PUBLISH_UNPUBLISH_VOLUME.
+
+HA controllers: another replica's sidecar may publish, unpublish or delete through its own
+socket, but only as leader, and a leader-election lease (:data:`HANDOVER`) must lapse before
+a replica takes over. The controller-side checks therefore judge only while the calls of the
+sidecar concerned (external-attacher: ControllerPublish/Unpublish; external-provisioner:
+CreateVolume/DeleteVolume) came through this socket without a gap of a lease since the
+memory they rely on was made (:class:`_Run`): no other replica can have led meanwhile.
 Everything here is reported, never enforced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.csi_common import staging_path_missing
 from plugproxy.rules.engine import Hooks, Rule, Violation
-from plugproxy.rules.memory import ExpiringMap, ago
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
     from plugproxy.rules.engine import CompiledSpec
     from plugproxy.rules.state import SpecState
+
+MAX_NODES = 256  # publications and refusals kept per volume (oldest dropped)
+_STAGE_JUDGED = "csi_order.stage"  # call.stage_state: NodeStageVolume found out of order
 
 
 def _norm(path: str) -> str:
@@ -33,6 +46,50 @@ def _norm(path: str) -> str:
 def complete(req: Any, path: str) -> bool:
     """Whether a node request carries volume_id, ``path`` and volume_capability."""
     return bool(req.volume_id and getattr(req, path) and req.HasField("volume_capability"))
+
+
+def _trim(entries: dict[str, float]) -> None:
+    while len(entries) > MAX_NODES:
+        del entries[next(iter(entries))]
+
+
+@dataclass(slots=True)
+class _Run:
+    """One sidecar's calls on this socket: when its latest unbroken run began and its last
+    call. Gaps shorter than a lease mean no other replica can have led in between. Whether
+    the call being judged was marked yet makes no difference to :meth:`covers`."""
+
+    start: float = float("-inf")
+    last: float = float("-inf")
+
+    def mark(self, now: float) -> None:
+        if now - self.last > HANDOVER:
+            self.start = now
+        self.last = now
+
+    def covers(self, since: float, now: float) -> bool:
+        """Whether this socket's sidecar led without a break from ``since`` until ``now``."""
+        return self.start <= since and now - self.last <= HANDOVER
+
+
+@dataclass(slots=True)
+class _Volume:
+    """A volume seen created or published through this socket, and its publications here."""
+
+    created_at: float | None  # when CreateVolume returned it here (None: not seen)
+    published: dict[str, float] = field(default_factory=dict)  # node -> publish answered OK
+    # node -> when it was last known unpublished from that node ("" key: from all nodes)
+    unpublished: dict[str, float] = field(default_factory=dict)
+
+
+def _unpublished_since(created: float, vol: _Volume, node: str) -> tuple[float, str]:
+    """Since when ``vol``, created at ``created``, is known not published to ``node`` (it
+    is not now), and how: its creation, or the latest unpublish from that node or from all
+    nodes."""
+    gone = [t for t in (vol.unpublished.get(node), vol.unpublished.get("")) if t is not None]
+    if not gone:
+        return created, "created"
+    return max(created, *gone), "unpublished"
 
 
 @dataclass(slots=True)
@@ -54,6 +111,8 @@ class OrderState:
         # volume -> when the plugin refused a NodePublishVolume without staging path with
         # FAILED_PRECONDITION (the "staging target path not set" row)
         self.unstaged_refusals: ExpiringMap[str, float] = ExpiringMap(n, ttl, clock)
+        self.volumes: ExpiringMap[str, _Volume] = ExpiringMap(n, ttl, clock)
+        self.attacher = _Run()  # ControllerPublishVolume / ControllerUnpublishVolume
 
 
 def _mem(st: SpecState) -> OrderState:
@@ -148,6 +207,109 @@ class OrderChecks:
             mem.unstaged_refusals[req.volume_id] = mem.clock()
         return ()
 
+    # -- controller side: volumes and publications seen here ---------------------------
+
+    def created(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid = getattr(resp.volume, self.volume_field) if resp is not None else ""
+        mem = _mem(st)
+        # An idempotent repeat keeps what is known; a volume published here before its
+        # creation answered here was created elsewhere first.
+        if vid and vid not in mem.volumes:
+            mem.volumes[vid] = _Volume(mem.clock())
+
+    def deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        _mem(st).volumes.pop(req.volume_id, None)
+
+    def delete_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":
+            self.deleted(st, call, req, None)
+        return ()
+
+    def attacher_call(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        mem.attacher.mark(mem.clock())
+        return ()
+
+    def published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid, node = req.volume_id, req.node_id
+        if not vid or not node:
+            return
+        mem = _mem(st)
+        vol = mem.volumes.get(vid)
+        if vol is None:
+            vol = mem.volumes[vid] = _Volume(None)
+        vol.published.pop(node, None)
+        vol.published[node] = mem.clock()
+        _trim(vol.published)
+
+    def unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        vid, node = req.volume_id, req.node_id
+        mem = _mem(st)
+        vol = mem.volumes.get(vid)
+        if vol is None:
+            return
+        if node:
+            vol.published.pop(node, None)
+        else:
+            vol.published.clear()
+        vol.unpublished.pop(node, None)
+        vol.unpublished[node] = mem.clock()
+        _trim(vol.unpublished)
+
+    def unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # tabled: the volume stays unpublished either way
+            self.unpublished(st, call, req, None)
+        return ()
+
+    # -- NodeStageVolume before ControllerPublishVolume (unified socket) ---------------
+
+    def stage_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        node = st.node_id
+        # A request without its REQUIRED fields (csi-sanity's negative cases) is reported as
+        # such and refused by the plugin: no order judged on it.
+        if node is None or not complete(req, "staging_target_path"):
+            return
+        mem = _mem(st)
+        vol = mem.volumes.get(req.volume_id)
+        if vol is None or vol.created_at is None or node in vol.published:
+            return
+        created = vol.created_at
+        controller = st.known_capabilities("controller")
+        if controller is None or "PUBLISH_UNPUBLISH_VOLUME" not in controller:
+            return
+        now = mem.clock()
+        since, how = _unpublished_since(created, vol, node)
+        if not mem.attacher.covers(since, now):
+            return  # the publish may have passed through another replica
+        call.stage_state[_STAGE_JUDGED] = True
+        how = (
+            f"unpublished from this node {ago(now - since)}"
+            if how == "unpublished"
+            else f"CreateVolume returned it {ago(now - since)}, never published to this node"
+        )
+        yield Violation(
+            cs.rule("call-order"),
+            "volume_id",
+            f"NodeStageVolume of a volume not ControllerPublished to this node ({how}), while"
+            " the controller advertises PUBLISH_UNPUBLISH_VOLUME and ControllerPublishVolume"
+            " calls pass through this socket; it MUST follow a successful"
+            " ControllerPublishVolume",
+            enforceable=False,
+        )
+
+
+def stage_judged(call: Call) -> bool:
+    """Whether this family already reported the NodeStageVolume ``call`` out of order."""
+    return bool(call.stage_state.get(_STAGE_JUDGED))
+
 
 def _join(*parts: Hooks) -> Hooks:
     """One family of ``parts``; per RPC, their checks run in the order given."""
@@ -184,6 +346,23 @@ def hooks(title: str, v1: bool) -> Hooks:
             on_error={
                 "NodeStageVolume": (c.stage_error,),
                 "NodePublishVolume": (c.node_publish_error,),
+            },
+        ),
+        Hooks(
+            request_checks={
+                "ControllerPublishVolume": (c.attacher_call,),
+                "ControllerUnpublishVolume": (c.attacher_call,),
+                "NodeStageVolume": (c.stage_request,),
+            },
+            on_success={
+                "CreateVolume": (c.created,),
+                "DeleteVolume": (c.deleted,),
+                "ControllerPublishVolume": (c.published,),
+                "ControllerUnpublishVolume": (c.unpublished,),
+            },
+            on_error={
+                "DeleteVolume": (c.delete_error,),
+                "ControllerUnpublishVolume": (c.unpublish_error,),
             },
         ),
     ]

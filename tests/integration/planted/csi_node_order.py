@@ -4,18 +4,24 @@ conflicting publications (rules/csi_order.py).
 - §NodePublishVolume Errors, "Staging target path not set": a retry with a staging path and
   no successful NodeStageVolume since; §NodeStageVolume: NodePublishVolume at a staging path
   whose last NodeStageVolume failed.
+- §NodeStageVolume: staging on a unified socket before ControllerPublishVolume to this node.
+
+The controller-side cases start with a ControllerPublishVolume of another volume: the rules
+judge only while the attacher's calls pass through this socket since the memory they use was
+made (no HA replica can have led in between).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.planted.csi_builders import RWO, v1_background
+from tests.integration.planted.csi_builders import NODE, RWO, v1_background
 from tests.integration.planted.harness import Case, Step
 
 STAGING = "/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pv-1/globalmount"
 TARGET = "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pv-1/mount"
 VOL = "vol-1"
+EARLIER = "vol-0"  # another volume, published first: the attacher's calls pass here
 
 _CONTROLLER = ("CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME")
 _NODE = ("STAGE_UNSTAGE_VOLUME",)
@@ -24,6 +30,21 @@ _NODE = ("STAGE_UNSTAGE_VOLUME",)
 def _background(spec: str) -> dict[str, Any]:
     # The capability answers have the same shape in v0.3 and v1.12.
     return v1_background(controller=_CONTROLLER, node=_NODE)
+
+
+def _volume(spec: str, vid: str = VOL) -> dict[str, Any]:
+    return {"volume": {("volume_id" if spec == "csi.v1" else "id"): vid}}
+
+
+def _create(spec: str, name: str = "pvc-1", vid: str = VOL) -> Step:
+    return Step("CreateVolume", {"name": name, "volume_capabilities": [RWO]}, _volume(spec, vid))
+
+
+def _publish(
+    vid: str = VOL, node: str = NODE, error: tuple[str, str] | None = None, wait: float = 0.0
+) -> Step:
+    req = {"volume_id": vid, "node_id": node, "volume_capability": RWO}
+    return Step("ControllerPublishVolume", req, answer={}, error=error, wait=wait)
 
 
 def _stage(error: tuple[str, str] | None = None) -> Step:
@@ -38,6 +59,7 @@ def _node_publish(staging: bool = True, error: tuple[str, str] | None = None) ->
     return Step("NodePublishVolume", req, error=error)
 
 
+_NODE_INFO = Step("NodeGetInfo", answer={"node_id": NODE})
 _NOT_SET = ("FAILED_PRECONDITION", "staging_target_path is not set")
 
 
@@ -68,7 +90,26 @@ def _node_cases(spec: str, path_row: str) -> list[Case]:
     ]
 
 
+def _stage_cases(spec: str) -> list[Case]:
+    """Staged before ControllerPublishVolume on a unified socket."""
+    bg = _background(spec)
+    return [
+        Case(
+            spec,
+            ("NodeStageVolume.4",),
+            "csi.call-order",
+            breach=(_publish(EARLIER), _create(spec), _NODE_INFO, _stage()),
+            twin=(_publish(EARLIER), _create(spec), _publish(), _NODE_INFO, _stage()),
+            background=bg,
+            party="co",
+            why="unified socket: staged on this node before ControllerPublishVolume to it",
+        ),
+    ]
+
+
 CASES = [
     *_node_cases("csi.v1", "NodePublishVolume-Errors.6"),
     *_node_cases("csi.v0", "NodePublishVolume-Errors.8"),
+    *_stage_cases("csi.v1"),
+    *_stage_cases("csi.v0"),
 ]
