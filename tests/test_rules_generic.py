@@ -20,6 +20,7 @@ from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
+from plugproxy.rules.memory import HANDOVER
 from plugproxy.rules.state import SpecState
 from plugproxy.stages import validate
 from plugproxy.stages.validate import GenericMemory, ValidateStage
@@ -989,20 +990,35 @@ async def test_another_volume_at_the_same_target_path_ends_the_repeat(driver):
     assert ("not-idempotent", "plugin") not in got
 
 
-async def test_controller_repeats_are_judged_only_on_request_shaped_answers(driver):
-    """A peer replica may have moved the volume meanwhile: FAILED_PRECONDITION (published
-    elsewhere) is not judged on the controller; INVALID_ARGUMENT for what was valid is."""
+async def test_controller_repeats_are_judged_only_on_request_shaped_answers(clocked):
+    """A peer replica may have moved the volume meanwhile: after a leader-election lease,
+    FAILED_PRECONDITION (published elsewhere) and ALREADY_EXISTS (incompatible) are not
+    judged on the controller; INVALID_ARGUMENT for what was valid is. Within the lease of
+    the publication this proxy saw, no peer can have moved it."""
+    d, clock = clocked
     publish = v1(
         "ControllerPublishVolumeRequest",
         volume_id="vol-1",
         node_id="node-1",
         volume_capability=mount(),
     )
-    await driver.call("csi.v1", "ControllerPublishVolume", publish)
+    await d.call("csi.v1", "ControllerPublishVolume", publish)
+    rotated = v1(
+        "ControllerPublishVolumeRequest",
+        volume_id="vol-1",
+        node_id="node-1",
+        volume_capability=mount(),
+        secrets={"token": "new"},
+    )
     for code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
-        got = await driver.call("csi.v1", "ControllerPublishVolume", publish, code=code)
+        got = await d.call("csi.v1", "ControllerPublishVolume", rotated, code=code)
+        assert ("not-idempotent", "plugin") in got
+    await d.call("csi.v1", "ControllerPublishVolume", publish)
+    clock.now += HANDOVER + 1
+    for code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS):
+        got = await d.call("csi.v1", "ControllerPublishVolume", publish, code=code)
         assert ("not-idempotent", "plugin") not in got
-    got = await driver.call(
+    got = await d.call(
         "csi.v1", "ControllerPublishVolume", publish, code=grpc.StatusCode.INVALID_ARGUMENT
     )
     assert ("not-idempotent", "plugin") in got

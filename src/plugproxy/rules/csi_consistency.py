@@ -142,6 +142,22 @@ class _Publish:
     secrets: bytes
     single_node: bool
     at: float
+    mode: bytes = b""  # digest of volume_capability and readonly (_publish_mode)
+
+
+# ControllerPublishVolume error rows that cannot hold for a volume published to the node
+# with the capability and readonly asked (§ControllerPublishVolume errors).
+_REPUBLISH_ROWS = {
+    "ALREADY_EXISTS": "published but incompatible",
+    "FAILED_PRECONDITION": "published to another node",
+    "RESOURCE_EXHAUSTED": "no more volumes attach to the node",
+}
+
+
+def _publish_mode(req: Any) -> bytes:
+    """Digest of what a publication's compatibility depends on: capability and readonly."""
+    capability = req.volume_capability.SerializeToString(deterministic=True)
+    return digest(capability + (b"\x01" if req.readonly else b"\x00"))
 
 
 @dataclass(slots=True)
@@ -1002,9 +1018,39 @@ class ConsistencyChecks:
             secrets=map_digest(getattr(req, self.f.publish_secrets)),
             single_node=_mode_name(req.volume_capability).startswith("SINGLE_NODE"),
             at=mem.clock(),
+            mode=_publish_mode(req),
         )
         _trim(pubs)
         mem.publishes[vid] = pubs
+
+    def controller_publish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        """§ControllerPublishVolume: a volume already published to the node compatibly with
+        the capability and readonly asked gets 0 OK. For the capability and readonly of the
+        publication this socket saw, within a lease of it and with no unpublish of the
+        volume sent since, a row that needs the volume unpublished from this node denies
+        it: published but incompatible, published to another node, no attachment left."""
+        row = _REPUBLISH_ROWS.get(code)
+        if row is None or not req.node_id:
+            return
+        mem = _mem(st)
+        pubs = mem.publishes.get(req.volume_id)
+        pub = pubs.get(req.node_id) if pubs else None
+        if pub is None or not pub.mode or pub.mode != _publish_mode(req):
+            return
+        undone = mem.unpublish_sent.get(req.volume_id)
+        now = mem.clock()
+        if now - pub.at > HANDOVER or (undone is not None and undone >= pub.at):
+            return
+        yield Violation(
+            cs.rule("not-idempotent"),
+            "volume_capability",
+            f"ControllerPublishVolume answered {code} ({row}), though it published the"
+            f" volume to this node {ago(now - pub.at)} with the same"
+            " volume_capability and readonly, and no unpublish of it was sent since",
+            party=PLUGIN,
+        )
 
     def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         mem = _mem(st)
@@ -1073,9 +1119,8 @@ class ConsistencyChecks:
         yield Violation(
             cs.rule("publish-context-mismatch"),
             name,
-            f"{name} ({len(given)} entries) differs from the one ControllerPublishVolume"
-            f" returned for this volume and node {ago(mem.clock() - pub.at)}"
-            f" ({pub.context_size} entries)",
+            f"{name} {what} the one ControllerPublishVolume returned for this volume and node"
+            f" {ago(mem.clock() - pub.at)} ({pub.context_size} entries)",
         )
 
     # -- validate ---------------------------------------------------------------------
@@ -1864,6 +1909,7 @@ def hooks(title: str, v1: bool) -> Hooks:
     }
     error: dict[str, tuple[Any, ...]] = {
         "CreateVolume": (c.create_volume_error,),
+        "ControllerPublishVolume": (c.controller_publish_error,),
         "DeleteVolume": (c.delete_volume_error,),
         "ControllerUnpublishVolume": (c.controller_unpublish_error,),
         "NodeStageVolume": (c.not_controller_published,),

@@ -263,6 +263,31 @@ CONTROLLER_PUBLISH = [
         background=controller(*PUBLISH_CAPS),
         party="plugin",
     ),
+    # Published to the node a moment ago with this capability and readonly; new secrets do
+    # not make it incompatible. Twin: another access mode may well be.
+    Case(
+        SPEC,
+        ("ControllerPublishVolume.5",),
+        "csi.not-idempotent",
+        breach=(
+            Step("ControllerPublishVolume", publish(secrets={"token": "a"}), answer=PUBLISHED),
+            Step(
+                "ControllerPublishVolume",
+                publish(secrets={"token": "b"}),
+                error=("ALREADY_EXISTS", "published, incompatible"),
+            ),
+        ),
+        twin=(
+            Step("ControllerPublishVolume", publish(secrets={"token": "a"}), answer=PUBLISHED),
+            Step(
+                "ControllerPublishVolume",
+                {**publish(secrets={"token": "b"}), "volume_capability": RWX},
+                error=("ALREADY_EXISTS", "published, incompatible"),
+            ),
+        ),
+        background=controller(*PUBLISH_CAPS),
+        party="plugin",
+    ),
     # The same publication answered with another device: neither idempotent nor immutable.
     Case(
         SPEC,
