@@ -15,7 +15,9 @@ from plugproxy.rules.csi_order import OrderState
 from plugproxy.rules.memory import HANDOVER
 from tests.test_rules_csi_consistency import NODE, OTHER, RWO, V1_CAPS, Proxy
 
-MINE: dict[str, str] = {}
+MINE: dict[str, str] = {
+    "csi.unpublish-not-published-refused": "MUST",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -181,6 +183,75 @@ def test_stage_order_stays_quiet_where_another_replica_may_have_published():
     assert u.ids("NodeStageVolume", req, {}, "INVALID_ARGUMENT") == set()
 
 
+# -- ControllerUnpublishVolume of a volume not published to the node -------------------------
+
+
+def test_unpublish_of_a_volume_never_published_must_answer_ok():
+    p = Proxy()
+    attacher_here(p)
+    p.create()
+    assert unpublish(p, code="INTERNAL") == {"csi.unpublish-not-published-refused"}
+    assert p.last[0]["party"] == "plugin" and "MUST answer OK" in p.messages()
+    assert unpublish(p, code="FAILED_PRECONDITION") == {"csi.unpublish-not-published-refused"}
+    assert unpublish(p) == set()
+    # published, unpublished, then refused: not published since the unpublish
+    p.publish()
+    assert unpublish(p, code="INTERNAL") == set()  # published: a failure may be real
+    assert unpublish(p) == set()
+    assert unpublish(p, code="UNKNOWN") == {"csi.unpublish-not-published-refused"}
+    assert "unpublished from it" in p.messages()
+
+
+def test_unpublish_answers_that_say_nothing_of_the_attachment_are_not_judged():
+    p = Proxy()
+    attacher_here(p)
+    p.create()
+    for code in ("INVALID_ARGUMENT", "ABORTED", "UNAVAILABLE", "PERMISSION_DENIED"):
+        assert unpublish(p, code=code) == set(), code
+    assert unpublish(p, node="", code="INTERNAL") == set()  # every node: not judged
+
+
+def test_not_found_is_judged_only_when_the_node_and_the_volume_surely_exist():
+    # the node is unknown here: "node does not exist" is a tabled answer
+    p = Proxy()
+    attacher_here(p)
+    p.create()
+    assert unpublish(p, node="node-9", code="NOT_FOUND") == set()
+    # this socket's own node (NodeGetInfo), and the volume created with the provisioner's
+    # calls passing here since: the volume and the node exist
+    p.node_info()
+    assert unpublish(p, code="NOT_FOUND") == {"csi.unpublish-not-published-refused"}
+    # a node with a publish answered OK moments ago exists too
+    q = Proxy()
+    q.publish("vol-0", node=OTHER)
+    q.create()
+    assert unpublish(q, node=OTHER, code="NOT_FOUND") == {"csi.unpublish-not-published-refused"}
+    # a lease without provisioner calls: another replica may have deleted the volume
+    q.clock.now += HANDOVER + 1
+    attacher_here(q)
+    q.node_info()
+    assert unpublish(q, code="NOT_FOUND") == set()
+
+
+def test_unpublish_stays_quiet_where_another_replica_may_have_acted():
+    p = Proxy()
+    p.create()
+    p.clock.now += 1
+    attacher_here(p)  # the attacher's calls begin after the creation
+    assert unpublish(p, code="INTERNAL") == set()
+    q = Proxy()
+    attacher_here(q)
+    q.create()
+    q.clock.now += HANDOVER + 1  # a gap of a lease: another replica may have published
+    assert unpublish(q, code="INTERNAL") == set()
+    r = Proxy()
+    attacher_here(r)
+    r.create()
+    r.call("DeleteVolume", {"volume_id": "vol-1"})  # deleted: forgotten
+    assert unpublish(r, code="INTERNAL") == set()
+    assert unpublish(r, vid="vol-9", code="INTERNAL") == set()  # never seen
+
+
 # -- CSI v0.3 -------------------------------------------------------------------------------
 
 
@@ -196,6 +267,13 @@ def test_csi_v0_stage_before_controller_publish():
     p.create()
     p.node_info()
     assert p.stage_at() == {"csi.call-order"}
+
+
+def test_csi_v0_unpublish_of_a_volume_never_published():
+    p = Proxy("csi.v0")
+    attacher_here(p)
+    p.create()
+    assert unpublish(p, code="INTERNAL") == {"csi.unpublish-not-published-refused"}
 
 
 def test_memory_is_bounded_and_expires():

@@ -10,6 +10,7 @@ and v0.3).
 - Unified socket (controller and node): NodeStageVolume of a volume created here on the
   node NodeGetInfo named here, with no ControllerPublishVolume to that node answered OK
   (and not undone) since, while the controller advertises PUBLISH_UNPUBLISH_VOLUME.
+- ControllerUnpublishVolume of a volume not published to the node answered with an error.
 
 HA controllers: another replica's sidecar may publish, unpublish or delete through its own
 socket, but only as leader, and a leader-election lease (:data:`HANDOVER`) must lapse before
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.csi_common import staging_path_missing
-from plugproxy.rules.engine import Hooks, Rule, Violation
+from plugproxy.rules.engine import MUST, PLUGIN, Hooks, Rule, Violation
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
@@ -37,6 +38,21 @@ if TYPE_CHECKING:
 
 MAX_NODES = 256  # publications and refusals kept per volume (oldest dropped)
 _STAGE_JUDGED = "csi_order.stage"  # call.stage_state: NodeStageVolume found out of order
+# Answers to ControllerUnpublishVolume that say nothing of the attachment: the general rows
+# of §Error Scheme (a bad or unauthorised request, an operation pending) and transient codes.
+_UNPUBLISH_NOT_JUDGED = frozenset(
+    {
+        "INVALID_ARGUMENT",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "ABORTED",
+        "UNIMPLEMENTED",
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+        "CANCELLED",
+        "DEADLINE_EXCEEDED",
+    }
+)
 
 
 def _norm(path: str) -> str:
@@ -113,6 +129,9 @@ class OrderState:
         self.unstaged_refusals: ExpiringMap[str, float] = ExpiringMap(n, ttl, clock)
         self.volumes: ExpiringMap[str, _Volume] = ExpiringMap(n, ttl, clock)
         self.attacher = _Run()  # ControllerPublishVolume / ControllerUnpublishVolume
+        self.provisioner = _Run()  # CreateVolume / DeleteVolume
+        # node -> when a ControllerPublishVolume to it was answered OK (the node exists)
+        self.nodes: ExpiringMap[str, float] = ExpiringMap(n, ttl, clock)
 
 
 def _mem(st: SpecState) -> OrderState:
@@ -121,6 +140,29 @@ def _mem(st: SpecState) -> OrderState:
 
 def _rules(title: str) -> tuple[Rule, ...]:
     rules: list[Rule] = []
+    lease = f"{HANDOVER:.0f} s"
+    rules.append(
+        Rule(
+            "csi.unpublish-not-published-refused",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ControllerUnpublishVolume",
+            "ControllerUnpublishVolume of a volume this socket knows is not published to the"
+            " node (created here and never published to it, or unpublished from it since)"
+            " answered with an error; it MUST answer OK.",
+            reject_code=None,
+            note="Judged while the external-attacher's calls (ControllerPublish/Unpublish)"
+            f" came through this socket with no gap of a lease ({lease}) since the volume was"
+            " created or unpublished: no other replica can have published it meanwhile. Codes"
+            " that say nothing of the attachment are not judged: INVALID_ARGUMENT,"
+            " PERMISSION_DENIED, UNAUTHENTICATED, ABORTED, UNIMPLEMENTED and the transient"
+            " ones (UNAVAILABLE, RESOURCE_EXHAUSTED, CANCELLED, DEADLINE_EXCEEDED). NOT_FOUND"
+            " is a tabled answer when the volume or the node does not exist: judged only when"
+            " the node is this socket's own (NodeGetInfo) or had a publish answered OK within"
+            f" {lease}, and the external-provisioner's calls (CreateVolume/DeleteVolume) came"
+            " through this socket unbroken since the volume's creation (no delete elsewhere).",
+        )
+    )
     return tuple(rules)
 
 
@@ -305,6 +347,53 @@ class OrderChecks:
             enforceable=False,
         )
 
+    # -- ControllerUnpublishVolume of a volume not published to the node ---------------
+
+    def provisioner_call(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        mem.provisioner.mark(mem.clock())
+        return ()
+
+    def node_exists(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        if req.node_id:
+            mem = _mem(st)
+            mem.nodes[req.node_id] = mem.clock()
+
+    def unpublish_refused(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        vid, node = req.volume_id, req.node_id
+        mem = _mem(st)
+        vol = mem.volumes.get(vid)
+        if vol is None or not node or code in _UNPUBLISH_NOT_JUDGED:
+            return
+        created = vol.created_at
+        if created is None or node in vol.published:
+            return
+        now = mem.clock()
+        since, how = _unpublished_since(created, vol, node)
+        if not mem.attacher.covers(since, now):
+            return  # another replica may have published it meanwhile
+        if code == "NOT_FOUND":
+            seen = mem.nodes.get(node)
+            node_known = node == st.node_id or (seen is not None and now - seen <= HANDOVER)
+            if not node_known or not mem.provisioner.covers(created, now):
+                return  # the node or the volume may be gone: NOT_FOUND is tabled then
+        how = (
+            f"unpublished from it {ago(now - since)}"
+            if how == "unpublished"
+            else f"never published to it since CreateVolume returned it {ago(now - since)}"
+        )
+        yield Violation(
+            cs.rule("unpublish-not-published-refused"),
+            "",
+            f"ControllerUnpublishVolume answered {code} for a volume not published to the node"
+            f" ({how}, as this socket saw); the plugin MUST answer OK",
+            party=PLUGIN,
+        )
+
 
 def stage_judged(call: Call) -> bool:
     """Whether this family already reported the NodeStageVolume ``call`` out of order."""
@@ -347,6 +436,15 @@ def hooks(title: str, v1: bool) -> Hooks:
                 "NodeStageVolume": (c.stage_error,),
                 "NodePublishVolume": (c.node_publish_error,),
             },
+        ),
+        Hooks(
+            request_checks={
+                "CreateVolume": (c.provisioner_call,),
+                "DeleteVolume": (c.provisioner_call,),
+            },
+            on_success={"ControllerPublishVolume": (c.node_exists,)},
+            # before the memory of publications learns from a NOT_FOUND (below)
+            on_error={"ControllerUnpublishVolume": (c.unpublish_refused,)},
         ),
         Hooks(
             request_checks={

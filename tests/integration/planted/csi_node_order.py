@@ -5,6 +5,7 @@ conflicting publications (rules/csi_order.py).
   no successful NodeStageVolume since; §NodeStageVolume: NodePublishVolume at a staging path
   whose last NodeStageVolume failed.
 - §NodeStageVolume: staging on a unified socket before ControllerPublishVolume to this node.
+- §ControllerUnpublishVolume: a volume not published to the node answered with an error.
 
 The controller-side cases start with a ControllerPublishVolume of another volume: the rules
 judge only while the attacher's calls pass through this socket since the memory they use was
@@ -45,6 +46,10 @@ def _publish(
 ) -> Step:
     req = {"volume_id": vid, "node_id": node, "volume_capability": RWO}
     return Step("ControllerPublishVolume", req, answer={}, error=error, wait=wait)
+
+
+def _unpublish(vid: str = VOL, node: str = NODE, error: tuple[str, str] | None = None) -> Step:
+    return Step("ControllerUnpublishVolume", {"volume_id": vid, "node_id": node}, error=error)
 
 
 def _stage(error: tuple[str, str] | None = None) -> Step:
@@ -107,9 +112,32 @@ def _stage_cases(spec: str) -> list[Case]:
     ]
 
 
+def _unpublish_cases(spec: str) -> list[Case]:
+    """ControllerUnpublishVolume of a volume not published to the node."""
+    bg = _background(spec)
+    return [
+        Case(
+            spec,
+            ("ControllerUnpublishVolume.6",),
+            "csi.unpublish-not-published-refused",
+            breach=(
+                _publish(EARLIER),
+                _create(spec),
+                _unpublish(error=("INTERNAL", "detach failed")),
+            ),
+            twin=(_publish(EARLIER), _create(spec), _unpublish()),
+            background=bg,
+            party="plugin",
+            why="the volume, created here, was never published to the node",
+        ),
+    ]
+
+
 CASES = [
     *_node_cases("csi.v1", "NodePublishVolume-Errors.6"),
     *_node_cases("csi.v0", "NodePublishVolume-Errors.8"),
     *_stage_cases("csi.v1"),
     *_stage_cases("csi.v0"),
+    *_unpublish_cases("csi.v1"),
+    *_unpublish_cases("csi.v0"),
 ]
