@@ -17,6 +17,7 @@ from tests.test_rules_csi_consistency import NODE, OTHER, RWO, V1_CAPS, Proxy
 
 MINE: dict[str, str] = {
     "csi.unpublish-not-published-refused": "MUST",
+    "csi.publish-retry-unresolved": "SHOULD",
 }
 
 
@@ -58,6 +59,27 @@ def node_publish(p: Proxy, staging: str = "/s", code: str = "OK", **extra: Any) 
 
 
 # -- NodePublishVolume after "staging target path not set" ---------------------------------
+
+
+def test_a_retry_with_a_staging_path_needs_a_successful_stage_since_the_refusal():
+    p = Proxy()
+    node_publish(p, staging="", code="FAILED_PRECONDITION")
+    assert node_publish(p) == {"csi.call-order"}
+    assert "staging target path not set" in p.messages() and p.last[0]["party"] == "co"
+    assert not p.rejected  # reported, never enforced
+    node_publish(p, staging="", code="FAILED_PRECONDITION")
+    assert p.stage_at("/s") == set()
+    assert node_publish(p) == set()
+    # staged at another path only: the retry's path was not staged
+    q = Proxy()
+    node_publish(q, staging="", code="FAILED_PRECONDITION")
+    q.stage_at("/other")
+    assert node_publish(q) == {"csi.call-order"}
+    # a failed stage since the refusal is no success
+    r = Proxy()
+    node_publish(r, staging="", code="FAILED_PRECONDITION")
+    r.stage_at("/s", code="INTERNAL")
+    assert node_publish(r) == {"csi.call-order"}
 
 
 def test_refusals_of_another_row_and_what_a_proxy_cannot_know_stay_quiet():
@@ -252,6 +274,57 @@ def test_unpublish_stays_quiet_where_another_replica_may_have_acted():
     assert unpublish(r, vid="vol-9", code="INTERNAL") == set()  # never seen
 
 
+# -- ControllerPublishVolume retried without the cause removed -------------------------------
+
+
+def test_a_retry_after_published_elsewhere_needs_an_unpublish_elsewhere():
+    p = Proxy()
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    assert p.publish(node=OTHER, code="FAILED_PRECONDITION") == {"csi.publish-retry-unresolved"}
+    assert p.last[0]["party"] == "co" and not p.rejected
+    unpublish(p, node=OTHER)  # the same node: not what blocks it
+    assert p.publish(node=OTHER) == {"csi.publish-retry-unresolved"}
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    unpublish(p, node=NODE)
+    assert p.publish(node=OTHER) == set()
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    unpublish(p, node="")  # from every node
+    assert p.publish(node=OTHER) == set()
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    unpublish(p, node=NODE, code="NOT_FOUND")  # tabled: nothing stays published there
+    assert p.publish(node=OTHER) == set()
+
+
+def test_a_retry_after_the_node_was_full_needs_a_slot_freed():
+    p = Proxy()
+    p.publish(node=OTHER, code="RESOURCE_EXHAUSTED")
+    assert p.publish(node=OTHER, code="RESOURCE_EXHAUSTED") == {"csi.publish-retry-unresolved"}
+    assert "RESOURCE_EXHAUSTED" in p.messages()
+    unpublish(p, "vol-0", node=NODE)  # another node's slot
+    assert p.publish(node=OTHER) == {"csi.publish-retry-unresolved"}
+    p.publish(node=OTHER, code="RESOURCE_EXHAUSTED")
+    unpublish(p, "vol-0", node=OTHER)
+    assert p.publish(node=OTHER) == set()
+    p.publish(node=OTHER, code="RESOURCE_EXHAUSTED")
+    p.publish("vol-7", node=OTHER)  # another volume attached fine: a slot was free
+    assert p.publish(node=OTHER) == set()
+    assert p.publish("vol-8", node=OTHER) == set()  # not a retry
+
+
+def test_retries_after_a_gap_of_a_lease_are_not_judged():
+    # the external-attacher backs off up to minutes; an unpublish may pass through another
+    # replica once the lease of this one lapsed
+    p = Proxy()
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    p.clock.now += HANDOVER + 1
+    assert p.publish(node=OTHER, code="FAILED_PRECONDITION") == set()
+    p.publish(node=OTHER, code="RESOURCE_EXHAUSTED")
+    p.clock.now += 10
+    attacher_here(p)
+    p.clock.now += 10  # calls 10 s apart: no gap of a lease, still this replica's
+    assert p.publish(node=OTHER) == {"csi.publish-retry-unresolved"}
+
+
 # -- CSI v0.3 -------------------------------------------------------------------------------
 
 
@@ -274,6 +347,12 @@ def test_csi_v0_unpublish_of_a_volume_never_published():
     attacher_here(p)
     p.create()
     assert unpublish(p, code="INTERNAL") == {"csi.unpublish-not-published-refused"}
+
+
+def test_csi_v0_retry_after_the_node_was_full():
+    q = Proxy("csi.v0")
+    q.publish(node=OTHER, code="RESOURCE_EXHAUSTED")
+    assert q.publish(node=OTHER, code="RESOURCE_EXHAUSTED") == {"csi.publish-retry-unresolved"}
 
 
 def test_memory_is_bounded_and_expires():

@@ -11,6 +11,8 @@ and v0.3).
   node NodeGetInfo named here, with no ControllerPublishVolume to that node answered OK
   (and not undone) since, while the controller advertises PUBLISH_UNPUBLISH_VOLUME.
 - ControllerUnpublishVolume of a volume not published to the node answered with an error.
+- ControllerPublishVolume retried after FAILED_PRECONDITION (published elsewhere) or
+  RESOURCE_EXHAUSTED (node full) with no unpublish seen since.
 
 HA controllers: another replica's sidecar may publish, unpublish or delete through its own
 socket, but only as leader, and a leader-election lease (:data:`HANDOVER`) must lapse before
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.csi_common import staging_path_missing
-from plugproxy.rules.engine import MUST, PLUGIN, Hooks, Rule, Violation
+from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
@@ -132,6 +134,10 @@ class OrderState:
         self.provisioner = _Run()  # CreateVolume / DeleteVolume
         # node -> when a ControllerPublishVolume to it was answered OK (the node exists)
         self.nodes: ExpiringMap[str, float] = ExpiringMap(n, ttl, clock)
+        # ControllerPublishVolume refusals awaiting an unpublish: volume -> node -> when
+        # (FAILED_PRECONDITION), node -> volume -> when (RESOURCE_EXHAUSTED)
+        self.elsewhere: ExpiringMap[str, dict[str, float]] = ExpiringMap(n, ttl, clock)
+        self.full: ExpiringMap[str, dict[str, float]] = ExpiringMap(n, ttl, clock)
 
 
 def _mem(st: SpecState) -> OrderState:
@@ -161,6 +167,24 @@ def _rules(title: str) -> tuple[Rule, ...]:
             " the node is this socket's own (NodeGetInfo) or had a publish answered OK within"
             f" {lease}, and the external-provisioner's calls (CreateVolume/DeleteVolume) came"
             " through this socket unbroken since the volume's creation (no delete elsewhere).",
+        )
+    )
+    rules.append(
+        Rule(
+            "csi.publish-retry-unresolved",
+            SHOULD,
+            (CO,),
+            f"{title} §ControllerPublishVolume",
+            "ControllerPublishVolume retried after FAILED_PRECONDITION (published to another"
+            " node) with no unpublish of the volume from another node seen since, or after"
+            " RESOURCE_EXHAUSTED (node full) with no unpublish from that node and no other"
+            " publish to it answered OK since.",
+            reject_code=None,
+            note="Advisory, for both rows: the CO may learn by other means that the volume or"
+            " a slot was freed (a detach outside CSI). Judged only while the"
+            " external-attacher's calls came through this socket with no gap of a lease"
+            f" ({lease}) since the refusal, so no other replica can have unpublished"
+            " meanwhile.",
         )
     )
     return tuple(rules)
@@ -394,6 +418,80 @@ class OrderChecks:
             party=PLUGIN,
         )
 
+    # -- ControllerPublishVolume retried without the cause removed ---------------------
+
+    def retry_request(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
+    ) -> Iterable[Violation]:
+        mem = _mem(st)
+        now = mem.clock()
+        vid, node = req.volume_id, req.node_id
+        refused = mem.elsewhere.get(vid)
+        at = refused.get(node) if refused else None
+        if at is not None and mem.attacher.covers(at, now):
+            yield Violation(
+                cs.rule("publish-retry-unresolved"),
+                "volume_id",
+                "ControllerPublishVolume retried after the plugin answered FAILED_PRECONDITION"
+                f" (published to another node) {ago(now - at)}, with no unpublish of the"
+                " volume from another node seen since; the CO SHOULD ensure it is not"
+                " published elsewhere before retrying",
+            )
+            return
+        full = mem.full.get(node)
+        at = full.get(vid) if full else None
+        if at is not None and mem.attacher.covers(at, now):
+            yield Violation(
+                cs.rule("publish-retry-unresolved"),
+                "node_id",
+                "ControllerPublishVolume retried after the plugin answered RESOURCE_EXHAUSTED"
+                f" (max volumes attached to the node) {ago(now - at)}, with no unpublish"
+                " from that node nor other publish to it answered OK seen since; the CO"
+                " must ensure a slot is free before retrying",
+            )
+
+    def publish_refused(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        vid, node = req.volume_id, req.node_id
+        if not vid or not node or code not in ("FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"):
+            return ()
+        mem = _mem(st)
+        table, key, sub = (
+            (mem.elsewhere, vid, node) if code == "FAILED_PRECONDITION" else (mem.full, node, vid)
+        )
+        entries = table.get(key) or {}
+        entries[sub] = mem.clock()
+        _trim(entries)
+        table[key] = entries
+        return ()
+
+    def retry_published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        refused = mem.elsewhere.get(req.volume_id)
+        if refused is not None:
+            refused.pop(req.node_id, None)
+        mem.full.pop(req.node_id, None)  # a slot was free after all
+
+    def retry_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        mem = _mem(st)
+        node = req.node_id
+        refused = mem.elsewhere.get(req.volume_id)
+        if refused is not None:  # unpublished elsewhere: a retry may succeed now
+            for other in [n for n in refused if not node or n != node]:
+                del refused[other]
+        if node:
+            mem.full.pop(node, None)
+        else:  # from every node it was on, which this socket may not know: forget all
+            mem.full.clear()
+
+    def retry_unpublish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        if code == "NOT_FOUND":  # tabled: nothing stays published there
+            self.retry_unpublished(st, call, req, None)
+        return ()
+
 
 def stage_judged(call: Call) -> bool:
     """Whether this family already reported the NodeStageVolume ``call`` out of order."""
@@ -445,6 +543,17 @@ def hooks(title: str, v1: bool) -> Hooks:
             on_success={"ControllerPublishVolume": (c.node_exists,)},
             # before the memory of publications learns from a NOT_FOUND (below)
             on_error={"ControllerUnpublishVolume": (c.unpublish_refused,)},
+        ),
+        Hooks(
+            request_checks={"ControllerPublishVolume": (c.retry_request,)},
+            on_success={
+                "ControllerPublishVolume": (c.retry_published,),
+                "ControllerUnpublishVolume": (c.retry_unpublished,),
+            },
+            on_error={
+                "ControllerPublishVolume": (c.publish_refused,),
+                "ControllerUnpublishVolume": (c.retry_unpublish_error,),
+            },
         ),
         Hooks(
             request_checks={

@@ -6,6 +6,8 @@ conflicting publications (rules/csi_order.py).
   whose last NodeStageVolume failed.
 - §NodeStageVolume: staging on a unified socket before ControllerPublishVolume to this node.
 - §ControllerUnpublishVolume: a volume not published to the node answered with an error.
+- §ControllerPublishVolume Errors: retries after FAILED_PRECONDITION and RESOURCE_EXHAUSTED
+  with no unpublish since.
 
 The controller-side cases start with a ControllerPublishVolume of another volume: the rules
 judge only while the attacher's calls pass through this socket since the memory they use was
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.planted.csi_builders import NODE, RWO, v1_background
+from tests.integration.planted.csi_builders import NODE, OTHER_NODE, RWO, v1_background
 from tests.integration.planted.harness import Case, Step
 
 STAGING = "/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pv-1/globalmount"
@@ -66,6 +68,8 @@ def _node_publish(staging: bool = True, error: tuple[str, str] | None = None) ->
 
 _NODE_INFO = Step("NodeGetInfo", answer={"node_id": NODE})
 _NOT_SET = ("FAILED_PRECONDITION", "staging_target_path is not set")
+_ELSEWHERE = ("FAILED_PRECONDITION", f"volume is published to node {NODE}")
+_FULL = ("RESOURCE_EXHAUSTED", f"node {OTHER_NODE} has no free attachment slot")
 
 
 def _node_cases(spec: str, path_row: str) -> list[Case]:
@@ -133,6 +137,45 @@ def _unpublish_cases(spec: str) -> list[Case]:
     ]
 
 
+def _retry_cases(spec: str) -> list[Case]:
+    """ControllerPublishVolume retried with the cause of its refusal not removed."""
+    bg = _background(spec)
+    return [
+        Case(
+            spec,
+            ("ControllerPublishVolume-Errors.8",),
+            "csi.publish-retry-unresolved",
+            breach=(
+                _publish(node=OTHER_NODE, error=_ELSEWHERE),
+                _publish(node=OTHER_NODE, error=_ELSEWHERE, wait=0.2),
+            ),
+            twin=(
+                _publish(node=OTHER_NODE, error=_ELSEWHERE),
+                _unpublish(node=NODE),
+                _publish(node=OTHER_NODE, wait=0.2),
+            ),
+            background=bg,
+            party="co",
+        ),
+        Case(
+            spec,
+            ("ControllerPublishVolume-Errors.9",),
+            "csi.publish-retry-unresolved",
+            breach=(
+                _publish(node=OTHER_NODE, error=_FULL),
+                _publish(node=OTHER_NODE, error=_FULL, wait=0.2),
+            ),
+            twin=(
+                _publish(node=OTHER_NODE, error=_FULL),
+                _unpublish(EARLIER, node=OTHER_NODE),
+                _publish(node=OTHER_NODE, wait=0.2),
+            ),
+            background=bg,
+            party="co",
+        ),
+    ]
+
+
 CASES = [
     *_node_cases("csi.v1", "NodePublishVolume-Errors.6"),
     *_node_cases("csi.v0", "NodePublishVolume-Errors.8"),
@@ -140,4 +183,6 @@ CASES = [
     *_stage_cases("csi.v0"),
     *_unpublish_cases("csi.v1"),
     *_unpublish_cases("csi.v0"),
+    *_retry_cases("csi.v1"),
+    *_retry_cases("csi.v0"),
 ]
