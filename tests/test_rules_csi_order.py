@@ -11,13 +11,14 @@ import pytest
 
 import tests.test_rules_csi_consistency as consistency
 from plugproxy.rules import TABLES
-from plugproxy.rules.csi_order import OrderState
+from plugproxy.rules.csi_order import OrderChecks, OrderState
 from plugproxy.rules.memory import HANDOVER
-from tests.test_rules_csi_consistency import NODE, OTHER, RWO, V1_CAPS, Proxy
+from tests.test_rules_csi_consistency import NODE, OTHER, RWO, RWX, V1_CAPS, Proxy
 
 MINE: dict[str, str] = {
     "csi.unpublish-not-published-refused": "MUST",
     "csi.publish-retry-unresolved": "SHOULD",
+    "csi.publish-conflict-node-unnamed": "SHOULD",
 }
 
 
@@ -323,6 +324,49 @@ def test_retries_after_a_gap_of_a_lease_are_not_judged():
     attacher_here(p)
     p.clock.now += 10  # calls 10 s apart: no gap of a lease, still this replica's
     assert p.publish(node=OTHER) == {"csi.publish-retry-unresolved"}
+
+
+# -- FAILED_PRECONDITION naming the node ------------------------------------------------------
+
+
+def test_published_elsewhere_names_the_node_this_socket_saw():
+    p = Proxy()
+    p.publish(node=NODE)
+    # the Proxy's plugin answers "the plugin says no": no node named
+    assert p.publish(node=OTHER, code="FAILED_PRECONDITION") == {
+        "csi.publish-conflict-node-unnamed"
+    }
+    assert p.last[0]["party"] == "plugin" and NODE not in p.messages()
+    # a multi-node access mode: the refusal is not that row (the retry is judged apart)
+    unnamed = "csi.publish-conflict-node-unnamed"
+    assert unnamed not in p.publish(node=OTHER, cap=RWX, code="FAILED_PRECONDITION")
+    # unpublished from it since: the conflict is not with a node this socket knows
+    unpublish(p, node=NODE)
+    assert p.publish(node="node-3", code="FAILED_PRECONDITION") == set()
+    # a publication a lease old, with the attacher's calls interrupted: maybe redone elsewhere
+    q = Proxy()
+    q.publish(node=NODE)
+    q.clock.now += HANDOVER + 1
+    assert q.publish(node=OTHER, code="FAILED_PRECONDITION") == set()
+
+
+def test_a_message_naming_the_node_is_enough():
+    p = Proxy()
+    p.publish(node=NODE)
+    checks = OrderChecks("volume_id")
+    cs = p.stage._plans[p.paths["ControllerPublishVolume"]].spec
+
+    class _Call:
+        details = f"volume vol-1 is attached to {NODE}"
+
+    info = consistency.REG.lookup(p.paths["ControllerPublishVolume"])
+    assert info.request_class is not None
+    req = info.request_class(volume_id="vol-1", node_id=OTHER, volume_capability=RWO)
+    found = list(checks.conflict_message(cs, p.state, _Call(), req, "FAILED_PRECONDITION"))  # type: ignore[arg-type]
+    assert found == []
+    _Call.details = "volume vol-1 is attached elsewhere"
+    found = list(checks.conflict_message(cs, p.state, _Call(), req, "FAILED_PRECONDITION"))  # type: ignore[arg-type]
+    assert [v.rule.id for v in found] == ["csi.publish-conflict-node-unnamed"]
 
 
 # -- CSI v0.3 -------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ and v0.3).
 - ControllerUnpublishVolume of a volume not published to the node answered with an error.
 - ControllerPublishVolume retried after FAILED_PRECONDITION (published elsewhere) or
   RESOURCE_EXHAUSTED (node full) with no unpublish seen since.
+- A FAILED_PRECONDITION to ControllerPublishVolume whose message does not name the node
+  this socket saw the volume published to.
 
 HA controllers: another replica's sidecar may publish, unpublish or delete through its own
 socket, but only as leader, and a leader-election lease (:data:`HANDOVER`) must lapse before
@@ -64,6 +66,14 @@ def _norm(path: str) -> str:
 def complete(req: Any, path: str) -> bool:
     """Whether a node request carries volume_id, ``path`` and volume_capability."""
     return bool(req.volume_id and getattr(req, path) and req.HasField("volume_capability"))
+
+
+def _single_node(capability: Any) -> bool:
+    if not capability.HasField("access_mode"):
+        return False
+    mode = capability.access_mode
+    value = mode.DESCRIPTOR.fields_by_name["mode"].enum_type.values_by_number.get(mode.mode)
+    return value is not None and value.name.startswith("SINGLE_NODE")
 
 
 def _trim(entries: dict[str, float]) -> None:
@@ -185,6 +195,22 @@ def _rules(title: str) -> tuple[Rule, ...]:
             " external-attacher's calls came through this socket with no gap of a lease"
             f" ({lease}) since the refusal, so no other replica can have unpublished"
             " meanwhile.",
+        )
+    )
+    rules.append(
+        Rule(
+            "csi.publish-conflict-node-unnamed",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §ControllerPublishVolume",
+            "ControllerPublishVolume with a single-node access mode answered"
+            " FAILED_PRECONDITION while this socket saw the volume published to another node,"
+            " and the status message does not name that node.",
+            reject_code=None,
+            note="The node ids compared are those this socket saw published and not undone,"
+            f" within a lease ({lease}) of the publish or while the external-attacher's"
+            " calls came through this socket unbroken since it. The message is searched,"
+            " never quoted.",
         )
     )
     return tuple(rules)
@@ -492,6 +518,34 @@ class OrderChecks:
             self.retry_unpublished(st, call, req, None)
         return ()
 
+    # -- FAILED_PRECONDITION naming the node the volume is published at ----------------
+
+    def conflict_message(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        vid, node = req.volume_id, req.node_id
+        if code != "FAILED_PRECONDITION" or not _single_node(req.volume_capability):
+            return
+        mem = _mem(st)
+        vol = mem.volumes.get(vid)
+        if vol is None:
+            return
+        now = mem.clock()
+        others = [
+            other
+            for other, at in vol.published.items()
+            if other != node and (now - at <= HANDOVER or mem.attacher.covers(at, now))
+        ]
+        if others and not any(other in call.details for other in others):
+            yield Violation(
+                cs.rule("publish-conflict-node-unnamed"),
+                "",
+                "FAILED_PRECONDITION for a volume this socket saw published to"
+                f" {len(others)} other node(s) and not unpublished, but the status message"
+                " names none of them; it SHOULD name the node the volume is published at",
+                party=PLUGIN,
+            )
+
 
 def stage_judged(call: Call) -> bool:
     """Whether this family already reported the NodeStageVolume ``call`` out of order."""
@@ -555,6 +609,7 @@ def hooks(title: str, v1: bool) -> Hooks:
                 "ControllerUnpublishVolume": (c.retry_unpublish_error,),
             },
         ),
+        Hooks(on_error={"ControllerPublishVolume": (c.conflict_message,)}),
         Hooks(
             request_checks={
                 "ControllerPublishVolume": (c.attacher_call,),

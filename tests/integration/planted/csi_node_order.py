@@ -8,6 +8,7 @@ conflicting publications (rules/csi_order.py).
 - §ControllerUnpublishVolume: a volume not published to the node answered with an error.
 - §ControllerPublishVolume Errors: retries after FAILED_PRECONDITION and RESOURCE_EXHAUSTED
   with no unpublish since.
+- §ControllerPublishVolume Errors: a FAILED_PRECONDITION message that does not name the node.
 
 The controller-side cases start with a ControllerPublishVolume of another volume: the rules
 judge only while the attacher's calls pass through this socket since the memory they use was
@@ -176,6 +177,25 @@ def _retry_cases(spec: str) -> list[Case]:
     ]
 
 
+def _message_cases(spec: str) -> list[Case]:
+    """FAILED_PRECONDITION not naming the node this socket saw."""
+    bg = _background(spec)
+    return [
+        Case(
+            spec,
+            ("ControllerPublishVolume-Errors.7",),
+            "csi.publish-conflict-node-unnamed",
+            breach=(
+                _publish(),
+                _publish(node=OTHER_NODE, error=("FAILED_PRECONDITION", "volume is in use")),
+            ),
+            twin=(_publish(), _publish(node=OTHER_NODE, error=_ELSEWHERE)),
+            background=bg,
+            party="plugin",
+        ),
+    ]
+
+
 CASES = [
     *_node_cases("csi.v1", "NodePublishVolume-Errors.6"),
     *_node_cases("csi.v0", "NodePublishVolume-Errors.8"),
@@ -185,4 +205,6 @@ CASES = [
     *_unpublish_cases("csi.v0"),
     *_retry_cases("csi.v1"),
     *_retry_cases("csi.v0"),
+    *_message_cases("csi.v1"),
+    *_message_cases("csi.v0"),
 ]
