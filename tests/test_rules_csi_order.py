@@ -164,6 +164,20 @@ def test_stage_before_controller_publish_on_a_unified_socket():
     assert "unpublished from this node" in p.messages()
 
 
+def test_node_publish_before_controller_publish_on_a_unified_socket():
+    p = Proxy(caps={**V1_CAPS, "node": {"GET_VOLUME_STATS"}})  # no staging
+    attacher_here(p)
+    p.create()
+    p.node_info()
+    assert node_publish(p, staging="") == {"csi.call-order"}
+    assert "NodePublishVolume of a volume not ControllerPublished" in p.messages()
+    # the plugin's refusal is not reported a second time
+    assert node_publish(p, staging="", code="FAILED_PRECONDITION") == {"csi.call-order"}
+    assert len(p.last) == 1
+    p.publish()
+    assert node_publish(p, staging="") == set()
+
+
 def test_stage_order_stays_quiet_where_another_replica_may_have_published():
     # the attacher's calls begin passing here only after the volume's creation
     p = Proxy()

@@ -7,9 +7,10 @@ and v0.3).
   (volume, staging path) whose last NodeStageVolume here failed. A node socket sees every
   NodeStageVolume of its node (kubelet has no other way to the plugin), so what it saw since
   is all there was; what came before the proxy started is unknown and never judged.
-- Unified socket (controller and node): NodeStageVolume of a volume created here on the
-  node NodeGetInfo named here, with no ControllerPublishVolume to that node answered OK
-  (and not undone) since, while the controller advertises PUBLISH_UNPUBLISH_VOLUME.
+- Unified socket (controller and node): NodeStageVolume or NodePublishVolume of a volume
+  created here on the node NodeGetInfo named here, with no ControllerPublishVolume to that
+  node answered OK (and not undone) since, while the controller advertises
+  PUBLISH_UNPUBLISH_VOLUME.
 - ControllerUnpublishVolume of a volume not published to the node answered with an error.
 - ControllerPublishVolume retried after FAILED_PRECONDITION (published elsewhere) or
   RESOURCE_EXHAUSTED (node full) with no unpublish seen since.
@@ -364,10 +365,14 @@ class OrderChecks:
     def stage_request(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
     ) -> Iterable[Violation]:
+        """NodeStageVolume, or NodePublishVolume (whatever the staging), of a volume not
+        ControllerPublished to this node."""
         node = st.node_id
+        rpc = call.method.name
+        path = "staging_target_path" if rpc == "NodeStageVolume" else "target_path"
         # A request without its REQUIRED fields (csi-sanity's negative cases) is reported as
         # such and refused by the plugin: no order judged on it.
-        if node is None or not complete(req, "staging_target_path"):
+        if node is None or not complete(req, path):
             return
         mem = _mem(st)
         vol = mem.volumes.get(req.volume_id)
@@ -390,7 +395,7 @@ class OrderChecks:
         yield Violation(
             cs.rule("call-order"),
             "volume_id",
-            f"NodeStageVolume of a volume not ControllerPublished to this node ({how}), while"
+            f"{rpc} of a volume not ControllerPublished to this node ({how}), while"
             " the controller advertises PUBLISH_UNPUBLISH_VOLUME and ControllerPublishVolume"
             " calls pass through this socket; it MUST follow a successful"
             " ControllerPublishVolume",
@@ -548,7 +553,8 @@ class OrderChecks:
 
 
 def stage_judged(call: Call) -> bool:
-    """Whether this family already reported the NodeStageVolume ``call`` out of order."""
+    """Whether this family already reported the NodeStageVolume or NodePublishVolume
+    ``call`` out of order (before ControllerPublishVolume)."""
     return bool(call.stage_state.get(_STAGE_JUDGED))
 
 
@@ -615,6 +621,7 @@ def hooks(title: str, v1: bool) -> Hooks:
                 "ControllerPublishVolume": (c.attacher_call,),
                 "ControllerUnpublishVolume": (c.attacher_call,),
                 "NodeStageVolume": (c.stage_request,),
+                "NodePublishVolume": (c.stage_request,),
             },
             on_success={
                 "CreateVolume": (c.created,),

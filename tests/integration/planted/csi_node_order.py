@@ -4,7 +4,8 @@ conflicting publications (rules/csi_order.py).
 - §NodePublishVolume Errors, "Staging target path not set": a retry with a staging path and
   no successful NodeStageVolume since; §NodeStageVolume: NodePublishVolume at a staging path
   whose last NodeStageVolume failed.
-- §NodeStageVolume: staging on a unified socket before ControllerPublishVolume to this node.
+- §NodeStageVolume, §NodePublishVolume: staging or publishing on a unified socket before
+  ControllerPublishVolume to this node.
 - §ControllerUnpublishVolume: a volume not published to the node answered with an error.
 - §ControllerPublishVolume Errors: retries after FAILED_PRECONDITION and RESOURCE_EXHAUSTED
   with no unpublish since.
@@ -101,7 +102,7 @@ def _node_cases(spec: str, path_row: str) -> list[Case]:
 
 
 def _stage_cases(spec: str) -> list[Case]:
-    """Staged before ControllerPublishVolume on a unified socket."""
+    """Staged or published before ControllerPublishVolume on a unified socket."""
     bg = _background(spec)
     return [
         Case(
@@ -113,6 +114,22 @@ def _stage_cases(spec: str) -> list[Case]:
             background=bg,
             party="co",
             why="unified socket: staged on this node before ControllerPublishVolume to it",
+        ),
+        Case(
+            spec,
+            ("NodePublishVolume.2",),
+            "csi.call-order",
+            breach=(_publish(EARLIER), _create(spec), _NODE_INFO, _node_publish(staging=False)),
+            twin=(
+                _publish(EARLIER),
+                _create(spec),
+                _publish(),
+                _NODE_INFO,
+                _node_publish(staging=False),
+            ),
+            background=v1_background(controller=_CONTROLLER),  # no STAGE_UNSTAGE_VOLUME
+            party="co",
+            why="unified socket: published on this node before ControllerPublishVolume to it",
         ),
     ]
 
