@@ -170,9 +170,8 @@ def _list_response(
 
 def _changed(st: SpecState, call: Call, req: Any, resp: Any) -> None:
     volume_id = getattr(req, "volume_id", "")
-    if not volume_id and resp is not None and resp.HasField("volume"):
-        volume = resp.volume
-        volume_id = getattr(volume, "volume_id", "") or getattr(volume, "id", "")
+    if not volume_id and resp is not None and "volume" in resp.DESCRIPTOR.fields_by_name:
+        volume_id = _volume_id(resp.volume)  # CreateVolume: the id its answer made
     if volume_id:
         memory = st.part(ValidationMemory)
         memory.changed[volume_id] = memory.clock()

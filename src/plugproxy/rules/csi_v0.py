@@ -20,6 +20,7 @@ from plugproxy.rules import (
     csi_consistency,
     csi_order,
     csi_readonly,
+    csi_recovery,
     csi_responses,
 )
 from plugproxy.rules.csi_common import (
@@ -387,5 +388,6 @@ TABLE = SpecTable(
         csi_order.hooks(TITLE, v1=False),
         csi_responses.hooks(TITLE, v1=False),
         csi_readonly.hooks(TITLE, v1=False),
+        csi_recovery.hooks(TITLE, v1=False),
     ),
 )

@@ -24,6 +24,7 @@ from plugproxy.rules import (
     csi_consistency,
     csi_order,
     csi_readonly,
+    csi_recovery,
     csi_responses,
 )
 from plugproxy.rules.csi_common import (
@@ -534,5 +535,6 @@ TABLE = SpecTable(
         csi_order.hooks(TITLE, v1=True),
         csi_responses.hooks(TITLE, v1=True),
         csi_readonly.hooks(TITLE, v1=True),
+        csi_recovery.hooks(TITLE, v1=True),
     ),
 )

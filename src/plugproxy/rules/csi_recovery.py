@@ -1,0 +1,269 @@
+"""Whether the CO did what an error row's recovery asks before retrying, as far as the
+socket shows it (CSI v1.12 and v0.3).
+
+- After NOT_FOUND the CO MUST verify the volume (or the source snapshot or volume) exists
+  before retrying with exponential back off: a retry naming one whose delete answered OK on
+  this socket, with no create answering it since, shows it did not
+  (``csi.retry-deleted-object``).
+- After DeleteVolume's FAILED_PRECONDITION (in use) the CO SHOULD make sure the volume has
+  no snapshots before retrying: a retry while snapshots of it created here are not deleted
+  shows it did not (``csi.delete-retry-with-snapshots``).
+- After ControllerExpandVolume's FAILED_PRECONDITION (published, and no online expansion)
+  the CO SHOULD unpublish the volume before retrying: a retry refused the same way again,
+  with no ControllerUnpublishVolume of it answered OK between, shows it did not
+  (``csi.expand-retry-while-published``).
+
+The memory is bounded and expires with the lifecycle (SpecState.lifecycle_ttl): objects
+deleted longer ago, and refusals older than that, are not judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from plugproxy.rules.engine import CO, MUST, SHOULD, Hooks, Rule, Violation
+from plugproxy.rules.memory import ExpiringMap, ago
+
+if TYPE_CHECKING:
+    from plugproxy.api import Call
+    from plugproxy.rules.engine import CompiledSpec
+    from plugproxy.rules.state import SpecState
+
+# RPCs whose NOT_FOUND row asks the CO to verify the volume (or the source) still exists.
+_VERIFY_AFTER_NOT_FOUND = (
+    "CreateVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+    "ValidateVolumeCapabilities",
+    "ControllerExpandVolume",
+    "ControllerGetVolume",
+    "ControllerModifyVolume",
+    "CreateSnapshot",
+)
+
+
+class RecoveryMemory:
+    def __init__(self, st: SpecState) -> None:
+        self.clock = st.clock
+        n, ttl = st.max_volumes, st.lifecycle_ttl
+        # "volume:<id>" / "snapshot:<id>" -> when its delete answered OK
+        self.deleted: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
+        # (rpc, object key) -> when the plugin answered NOT_FOUND
+        self.not_found: ExpiringMap[tuple[str, str], float] = ExpiringMap(n, ttl, st.clock)
+        # snapshot id -> its source volume id, while no delete of it answered OK
+        self.snapshots: ExpiringMap[str, str] = ExpiringMap(n, ttl, st.clock)
+        # volume id -> when DeleteVolume answered FAILED_PRECONDITION
+        self.in_use: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
+        # volume id -> when ControllerExpandVolume answered FAILED_PRECONDITION, while no
+        # ControllerUnpublishVolume of it answered OK since
+        self.expand_refused: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
+
+
+def _rules(title: str) -> list[Rule]:
+    return [
+        Rule(
+            "csi.retry-deleted-object",
+            MUST,
+            (CO,),
+            f"{title} §{{rpc}} errors",
+            "After NOT_FOUND, the CO retried naming a volume or snapshot whose delete"
+            " answered OK on this socket (and no create answered it since): the recovery asks"
+            " it to verify the object exists before retrying.",
+            reject_code=None,
+            note="The verification itself happens off the socket; a retry for an object this"
+            " socket saw deleted shows it was not made. Judged within the lifecycle memory"
+            " (a day by default).",
+        ),
+        Rule(
+            "csi.delete-retry-with-snapshots",
+            SHOULD,
+            (CO,),
+            f"{title} §DeleteVolume errors",
+            "DeleteVolume retried after FAILED_PRECONDITION (in use) while snapshots of the"
+            " volume created on this socket are not deleted.",
+            reject_code=None,
+            note="The recovery asks the CO to make sure the volume has no snapshots and no"
+            " other users before retrying; other users are off the socket, the snapshots"
+            " made here are not.",
+        ),
+        Rule(
+            "csi.expand-retry-while-published",
+            SHOULD,
+            (CO,),
+            f"{title} §ControllerExpandVolume errors",
+            "ControllerExpandVolume refused with FAILED_PRECONDITION (published) again on a"
+            " retry, with no ControllerUnpublishVolume of the volume answered OK between.",
+            reject_code=None,
+            note="The second refusal shows the volume was still published: the recovery asks"
+            " the CO to unpublish it before retrying.",
+        ),
+    ]
+
+
+def _object_key(rpc: str, req: Any) -> str:
+    """The object a call's NOT_FOUND is about: its volume, or a CreateVolume's source."""
+    if rpc == "CreateVolume":
+        if not req.HasField("volume_content_source"):
+            return ""
+        source = req.volume_content_source
+        kind = source.WhichOneof("type")
+        if kind not in ("snapshot", "volume"):
+            return ""
+        found = _id_of(getattr(source, kind), "snapshot_id", "volume_id", "id")
+        return f"{kind}:{found}" if found else ""
+    if rpc == "CreateSnapshot":
+        return f"volume:{req.source_volume_id}" if req.source_volume_id else ""
+    return f"volume:{req.volume_id}" if req.volume_id else ""
+
+
+def _id_of(message: Any, *names: str) -> str:
+    for name in names:
+        if name in message.DESCRIPTOR.fields_by_name and getattr(message, name):
+            return str(getattr(message, name))
+    return ""
+
+
+# -- after NOT_FOUND ------------------------------------------------------------------------
+
+
+def _not_found(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code == "NOT_FOUND":
+        key = _object_key(call.method.name, req)
+        if key:
+            memory = st.part(RecoveryMemory)
+            memory.not_found[(call.method.name, key)] = memory.clock()
+    return ()
+
+
+def _retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    memory = st.part(RecoveryMemory)
+    if not len(memory.not_found):
+        return
+    rpc = call.method.name
+    key = _object_key(rpc, req)
+    refused = memory.not_found.get((rpc, key)) if key else None
+    deleted = memory.deleted.get(key) if refused is not None else None
+    if refused is None or deleted is None:
+        return
+    now = memory.clock()
+    kind = key.partition(":")[0]
+    yield Violation(
+        cs.rule("retry-deleted-object"),
+        "",
+        f"{rpc} retried after its NOT_FOUND ({ago(now - refused)}), naming a {kind} whose"
+        f" delete answered OK on this socket ({ago(now - deleted)}): the CO MUST verify it"
+        " exists before retrying",
+    )
+
+
+# -- bookkeeping on success -----------------------------------------------------------------
+
+
+def _volume_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    memory = st.part(RecoveryMemory)
+    memory.deleted[f"volume:{req.volume_id}"] = memory.clock()
+    memory.in_use.pop(req.volume_id, None)
+
+
+def _snapshot_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    memory = st.part(RecoveryMemory)
+    sid = _id_of(req, "snapshot_id")
+    memory.deleted[f"snapshot:{sid}"] = memory.clock()
+    memory.snapshots.pop(sid, None)
+
+
+def _volume_created(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    if resp is not None and resp.HasField("volume"):
+        vid = _id_of(resp.volume, "volume_id", "id")
+        st.part(RecoveryMemory).deleted.pop(f"volume:{vid}", None)
+
+
+def _snapshot_created(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    if resp is not None and resp.HasField("snapshot"):
+        sid = _id_of(resp.snapshot, "snapshot_id", "id")
+        memory = st.part(RecoveryMemory)
+        memory.deleted.pop(f"snapshot:{sid}", None)
+        if sid and req.source_volume_id:
+            memory.snapshots[sid] = req.source_volume_id
+
+
+def _unpublished(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    st.part(RecoveryMemory).expand_refused.pop(req.volume_id, None)
+
+
+# -- DeleteVolume in use, with snapshots -----------------------------------------------------
+
+
+def _delete_refused(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code == "FAILED_PRECONDITION":
+        memory = st.part(RecoveryMemory)
+        memory.in_use[req.volume_id] = memory.clock()
+    return ()
+
+
+def _delete_retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    memory = st.part(RecoveryMemory)
+    refused = memory.in_use.get(req.volume_id) if len(memory.in_use) else None
+    if refused is None:
+        return
+    snapshots = sum(1 for sid in memory.snapshots if memory.snapshots.get(sid) == req.volume_id)
+    if snapshots:
+        yield Violation(
+            cs.rule("delete-retry-with-snapshots"),
+            "volume_id",
+            f"DeleteVolume retried after its FAILED_PRECONDITION ({ago(memory.clock() - refused)})"
+            f" while {snapshots} snapshot(s) of the volume made on this socket are not"
+            " deleted; the CO SHOULD make sure it has none before retrying",
+        )
+
+
+# -- ControllerExpandVolume refused while published ------------------------------------------
+
+
+def _expand_refused(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code != "FAILED_PRECONDITION":
+        return
+    memory = st.part(RecoveryMemory)
+    earlier = memory.expand_refused.get(req.volume_id)
+    now = memory.clock()
+    memory.expand_refused[req.volume_id] = now
+    if earlier is not None:
+        yield Violation(
+            cs.rule("expand-retry-while-published"),
+            "volume_id",
+            "ControllerExpandVolume refused with FAILED_PRECONDITION again (the first refusal"
+            f" {ago(now - earlier)}), with no ControllerUnpublishVolume of the volume answered"
+            " OK between; the CO SHOULD unpublish it before retrying",
+        )
+
+
+def hooks(title: str, v1: bool) -> Hooks:
+    """The family for the CSI version cited as ``title`` (v0.3 has no expansion)."""
+    v1_only = ("ControllerExpandVolume", "ControllerGetVolume", "ControllerModifyVolume")
+    rpcs = [r for r in _VERIFY_AFTER_NOT_FOUND if v1 or r not in v1_only]
+    request_checks: dict[str, tuple[Any, ...]] = {rpc: (_retry,) for rpc in rpcs}
+    on_error: dict[str, tuple[Any, ...]] = {rpc: (_not_found,) for rpc in rpcs}
+    if v1:
+        request_checks["DeleteVolume"] = (_delete_retry,)
+        on_error["DeleteVolume"] = (_delete_refused,)
+        on_error["ControllerExpandVolume"] = (_not_found, _expand_refused)
+    return Hooks(
+        # CSI v0.3's DeleteVolume row names no snapshots, and it has no expansion.
+        rules=tuple(_rules(title) if v1 else _rules(title)[:1]),
+        request_checks=request_checks,
+        on_error=on_error,
+        on_success={
+            "DeleteVolume": (_volume_deleted,),
+            "DeleteSnapshot": (_snapshot_deleted,),
+            "CreateVolume": (_volume_created,),
+            "CreateSnapshot": (_snapshot_created,),
+            "ControllerUnpublishVolume": (_unpublished,),
+        },
+    )

@@ -1,0 +1,131 @@
+"""Recovery before a retry, as far as the socket shows it (CSI v1.12 and v0.3 error rows):
+verify a volume exists after NOT_FOUND, free a volume of its snapshots after DeleteVolume's
+FAILED_PRECONDITION, unpublish before retrying an offline expansion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.planted.csi_builders import NODE, RWO, rpc_caps, v1_background
+from tests.integration.planted.harness import Case, Step
+
+V1 = "csi.v1"
+DELETED = "csi.retry-deleted-object"
+V1_CONTROLLER = v1_background(
+    controller=(
+        "CREATE_DELETE_VOLUME",
+        "PUBLISH_UNPUBLISH_VOLUME",
+        "CREATE_DELETE_SNAPSHOT",
+        "EXPAND_VOLUME",
+    )
+)
+V0_CONTROLLER = {
+    "GetPluginCapabilities": {"capabilities": [{"service": {"type": "CONTROLLER_SERVICE"}}]},
+    "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME"),
+}
+PUBLISH = {"volume_id": "vol-1", "node_id": NODE, "volume_capability": RWO}
+REQUESTS: dict[str, dict[str, Any]] = {
+    "ControllerPublishVolume": PUBLISH,
+    "ControllerUnpublishVolume": {"volume_id": "vol-1", "node_id": NODE},
+    "ValidateVolumeCapabilities": {"volume_id": "vol-1", "volume_capabilities": [RWO]},
+    "CreateVolume": {
+        "name": "pvc-2",
+        "volume_capabilities": [RWO],
+        "volume_content_source": {"snapshot": {"snapshot_id": "snap-1"}},
+    },
+}
+
+
+def after_delete(spec: str, statement: str, rpc: str, background: dict[str, Any]) -> Case:
+    """The volume (or source snapshot) deleted here, the call refused NOT_FOUND, then
+    retried: the CO did not verify it exists. The twin gives up after the NOT_FOUND."""
+    deleting = (
+        Step("DeleteSnapshot", {"snapshot_id": "snap-1"})
+        if rpc == "CreateVolume"
+        else Step("DeleteVolume", {"volume_id": "vol-1"})
+    )
+    refused = Step(rpc, REQUESTS[rpc], error=("NOT_FOUND", "no such volume"))
+    return Case(
+        spec,
+        (statement,),
+        DELETED,
+        breach=(
+            deleting,
+            refused,
+            Step(rpc, REQUESTS[rpc], error=("NOT_FOUND", "no such volume"), wait=0.1),
+        ),
+        twin=(deleting, refused),
+        background=background,
+        party="co",
+    )
+
+
+SNAPSHOT = {
+    "snapshot": {
+        "snapshot_id": "snap-1",
+        "source_volume_id": "vol-1",
+        "ready_to_use": True,
+        "creation_time": {"seconds": 1_700_000_000},
+    }
+}
+IN_USE = ("FAILED_PRECONDITION", "vol-1 has snapshots")
+EXPAND = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 2 << 30}}
+PUBLISHED = ("FAILED_PRECONDITION", "vol-1 is published and cannot grow offline")
+
+CASES = [
+    after_delete(V1, "CreateVolume-Errors.8", "CreateVolume", V1_CONTROLLER),
+    after_delete(V1, "ControllerPublishVolume-Errors.4", "ControllerPublishVolume", V1_CONTROLLER),
+    after_delete(
+        V1, "ControllerUnpublishVolume-Errors.4", "ControllerUnpublishVolume", V1_CONTROLLER
+    ),
+    after_delete(
+        V1, "ValidateVolumeCapabilities-Errors.4", "ValidateVolumeCapabilities", V1_CONTROLLER
+    ),
+    after_delete(
+        "csi.v0", "ControllerPublishVolume-Errors.4", "ControllerPublishVolume", V0_CONTROLLER
+    ),
+    after_delete(
+        "csi.v0", "ControllerUnpublishVolume-Errors.4", "ControllerUnpublishVolume", V0_CONTROLLER
+    ),
+    after_delete(
+        "csi.v0", "ValidateVolumeCapabilities-Errors.4", "ValidateVolumeCapabilities", V0_CONTROLLER
+    ),
+    Case(
+        V1,
+        ("DeleteVolume-Errors.3", "DeleteVolume-Errors.4"),
+        "csi.delete-retry-with-snapshots",
+        breach=(
+            Step(
+                "CreateSnapshot", {"name": "snap-a", "source_volume_id": "vol-1"}, answer=SNAPSHOT
+            ),
+            Step("DeleteVolume", {"volume_id": "vol-1"}, error=IN_USE),
+            Step("DeleteVolume", {"volume_id": "vol-1"}, error=IN_USE, wait=0.2),
+        ),
+        twin=(
+            Step(
+                "CreateSnapshot", {"name": "snap-a", "source_volume_id": "vol-1"}, answer=SNAPSHOT
+            ),
+            Step("DeleteVolume", {"volume_id": "vol-1"}, error=IN_USE),
+            Step("DeleteSnapshot", {"snapshot_id": "snap-1"}),
+            Step("DeleteVolume", {"volume_id": "vol-1"}, wait=0.2),
+        ),
+        background=V1_CONTROLLER,
+        party="co",
+    ),
+    Case(
+        V1,
+        ("ControllerExpandVolume-Errors.2",),
+        "csi.expand-retry-while-published",
+        breach=(
+            Step("ControllerExpandVolume", EXPAND, error=PUBLISHED),
+            Step("ControllerExpandVolume", EXPAND, error=PUBLISHED, wait=0.2),
+        ),
+        twin=(
+            Step("ControllerExpandVolume", EXPAND, error=PUBLISHED),
+            Step("ControllerUnpublishVolume", {"volume_id": "vol-1", "node_id": NODE}),
+            Step("ControllerExpandVolume", EXPAND, answer={"capacity_bytes": 2 << 30}, wait=0.2),
+        ),
+        background=V1_CONTROLLER,
+        party="co",
+    ),
+]

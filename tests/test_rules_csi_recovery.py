@@ -1,0 +1,81 @@
+"""Recovery before a retry (rules/csi_recovery.py), through the validate stage driven call
+by call with a clock of the test's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import test_rules_csi_consistency as consistency
+from tests.test_rules_csi_consistency import NODE, RWO, Proxy
+
+DELETED = "csi.retry-deleted-object"
+SNAPSHOTS = "csi.delete-retry-with-snapshots"
+PUBLISHED = "csi.expand-retry-while-published"
+
+
+@pytest.fixture(autouse=True)
+def _judged_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {DELETED, SNAPSHOTS, PUBLISHED})
+
+
+def publish(p: Proxy, code: str = "OK") -> set[str]:
+    req = {"volume_id": "vol-1", "node_id": NODE, "volume_capability": RWO}
+    return p.ids("ControllerPublishVolume", req, {}, code)
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_a_retry_after_not_found_for_a_volume_deleted_here_is_found(spec: str) -> None:
+    p = Proxy(spec)
+    p.create("vol-1")
+    p.call("DeleteVolume", {"volume_id": "vol-1"})
+    assert DELETED not in publish(p, "NOT_FOUND")  # the first call: nothing to verify yet
+    p.clock.now += 5
+    assert DELETED in publish(p, "NOT_FOUND")
+    assert "naming a volume whose delete answered OK on this socket (5s ago)" in p.messages()
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_what_the_co_could_not_know_stays_silent(spec: str) -> None:
+    p = Proxy(spec)
+    publish(p, "NOT_FOUND")
+    assert DELETED not in publish(p, "NOT_FOUND")  # never seen deleted: maybe a typo fixed
+    p.create("vol-1")
+    p.call("DeleteVolume", {"volume_id": "vol-1"})
+    publish(p, "NOT_FOUND")
+    p.create("vol-1")  # made again (an id derived from the name): it exists
+    assert DELETED not in publish(p, "OK")
+
+
+def test_a_create_from_a_snapshot_deleted_here_retried_after_not_found_is_found() -> None:
+    p = Proxy()
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    req = {
+        "name": "pvc-2",
+        "volume_capabilities": [RWO],
+        "volume_content_source": {"snapshot": {"snapshot_id": "snap-1"}},
+    }
+    assert DELETED not in p.ids("CreateVolume", req, {}, "NOT_FOUND")
+    assert DELETED in p.ids("CreateVolume", req, {}, "NOT_FOUND")
+
+
+def test_a_delete_retried_while_snapshots_made_here_remain_is_found() -> None:
+    p = Proxy()
+    p.create("vol-1")
+    snap = {"snapshot_id": "snap-1", "source_volume_id": "vol-1", "ready_to_use": True}
+    p.call("CreateSnapshot", {"name": "s1", "source_volume_id": "vol-1"}, {"snapshot": snap})
+    assert SNAPSHOTS not in p.ids("DeleteVolume", {"volume_id": "vol-1"}, {}, "FAILED_PRECONDITION")
+    assert SNAPSHOTS in p.ids("DeleteVolume", {"volume_id": "vol-1"}, {}, "FAILED_PRECONDITION")
+    assert "1 snapshot(s) of the volume" in p.messages()
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    assert SNAPSHOTS not in p.ids("DeleteVolume", {"volume_id": "vol-1"})
+
+
+def test_an_expansion_refused_again_while_published_is_found_unless_unpublished() -> None:
+    p = Proxy()
+    expand = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 2 << 30}}
+    assert PUBLISHED not in p.ids("ControllerExpandVolume", expand, {}, "FAILED_PRECONDITION")
+    p.call("ControllerUnpublishVolume", {"volume_id": "vol-1", "node_id": NODE})
+    assert PUBLISHED not in p.ids("ControllerExpandVolume", expand, {}, "FAILED_PRECONDITION")
+    p.clock.now += 30
+    assert PUBLISHED in p.ids("ControllerExpandVolume", expand, {}, "FAILED_PRECONDITION")
+    assert "the first refusal 30s ago" in p.messages()
