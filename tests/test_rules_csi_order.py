@@ -308,6 +308,14 @@ def test_a_retry_after_published_elsewhere_needs_an_unpublish_elsewhere():
     p.publish(node=OTHER, code="FAILED_PRECONDITION")
     unpublish(p, node=NODE, code="NOT_FOUND")  # tabled: nothing stays published there
     assert p.publish(node=OTHER) == set()
+    # the CO looked: ControllerGetVolume shows it published to no other node
+    p.publish(node=OTHER, code="FAILED_PRECONDITION")
+    get = {"volume": {"volume_id": "vol-1"}, "status": {"published_node_ids": [NODE]}}
+    p.call("ControllerGetVolume", {"volume_id": "vol-1"}, get)
+    assert p.publish(node=OTHER, code="FAILED_PRECONDITION") == {"csi.publish-retry-unresolved"}
+    get["status"] = {"published_node_ids": [OTHER]}
+    p.call("ControllerGetVolume", {"volume_id": "vol-1"}, get)
+    assert p.publish(node=OTHER) == set()
 
 
 def test_a_retry_after_the_node_was_full_needs_a_slot_freed():

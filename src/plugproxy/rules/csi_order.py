@@ -192,7 +192,8 @@ def _rules(title: str) -> tuple[Rule, ...]:
             " publish to it answered OK since.",
             reject_code=None,
             note="Advisory, for both rows: the CO may learn by other means that the volume or"
-            " a slot was freed (a detach outside CSI). Judged only while the"
+            " a slot was freed (a detach outside CSI); a ControllerGetVolume answer showing the"
+            " volume published to no other node counts as the CO's check. Judged only while the"
             " external-attacher's calls came through this socket with no gap of a lease"
             f" ({lease}) since the refusal, so no other replica can have unpublished"
             " meanwhile.",
@@ -523,6 +524,18 @@ class OrderChecks:
             self.retry_unpublished(st, call, req, None)
         return ()
 
+    def retry_checked(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+    ) -> Iterable[Violation]:
+        """ControllerGetVolume (v1.12) told the CO where the volume is published: a volume
+        published to no other node than a refused one was ensured free for it."""
+        refused = _mem(st).elsewhere.get(req.volume_id)
+        if refused and resp.HasField("status"):
+            nodes = set(resp.status.published_node_ids)
+            for node in [n for n in refused if not nodes - {n}]:
+                del refused[node]
+        return ()
+
     # -- FAILED_PRECONDITION naming the node the volume is published at ----------------
 
     def conflict_message(
@@ -606,6 +619,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         ),
         Hooks(
             request_checks={"ControllerPublishVolume": (c.retry_request,)},
+            response_checks={"ControllerGetVolume": (c.retry_checked,)} if v1 else {},
             on_success={
                 "ControllerPublishVolume": (c.retry_published,),
                 "ControllerUnpublishVolume": (c.retry_unpublished,),
