@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Reject, Runtime
+from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.fakes import SpecClient, start_fake_plugin
 from plugproxy.log import Logger
 from plugproxy.registry import Registry
@@ -104,7 +104,7 @@ class Proxy:
                     call.response = lazy
                     self.stage.on_response(call, lazy)
             else:
-                call.code, call.details = grpc.StatusCode[code], "the plugin says no"
+                call.code, call.details = StatusCode[code], "the plugin says no"
         self.stage.on_finish(call)
         self.last = [
             e.attributes
