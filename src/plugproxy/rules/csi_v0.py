@@ -271,7 +271,9 @@ def _snapshot_ready(resp: Any) -> bool:
 
 
 STATE_CHANGES: dict[str, StateChange] = {
-    "CreateVolume": StateChange(_REQUEST),
+    # v0.3 has no volume expansion (csi.v1 leaves these two out for it): a volume created a
+    # moment ago with the same name and arguments is still compatible with them.
+    "CreateVolume": StateChange(_REQUEST | {"ALREADY_EXISTS", "OUT_OF_RANGE"}),
     "DeleteVolume": StateChange(_REQUEST),
     "ControllerPublishVolume": StateChange(_REQUEST),
     "ControllerUnpublishVolume": StateChange(_REQUEST),

@@ -678,3 +678,23 @@ CASES += [
         why="NodeGetId is called although NodeGetInfo has just answered",
     ),
 ]
+
+# v0.3 has no volume expansion: a name created a moment ago with the same arguments is still
+# compatible with them, so ALREADY_EXISTS to the identical repeat breaks idempotency.
+CASES.append(
+    Case(
+        SPEC,
+        ("CreateVolume.2", "CreateVolume.3"),
+        "csi.not-idempotent",
+        breach=(
+            Step("CreateVolume", create(), answer=volume()),
+            Step("CreateVolume", create(), error=("ALREADY_EXISTS", "exists")),
+        ),
+        twin=(
+            Step("CreateVolume", create(), answer=volume()),
+            Step("CreateVolume", create(), answer=volume()),
+        ),
+        background=BG,
+        party="plugin",
+    )
+)
