@@ -23,7 +23,7 @@ from plugproxy.rules.engine import (
     list_length,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import HANDOVER, ago, message_digest
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -312,11 +312,19 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §CreateVolume",
             "A repeated CreateVolume or CreateSnapshot"
             + (" or CreateVolumeGroupSnapshot" if v1 else "")
-            + " with the same name and arguments returns another id.",
+            + " with the same name and arguments returns another id"
+            + ("." if v1 else "; or, for the same volume, another capacity or topology."),
             reject_code=None,
             note=f"Judged only within {HANDOVER:.0f} s of the earlier answer (a leader-election"
             " lease: no other HA replica can have deleted the object and created it anew"
-            " meanwhile) and while no delete of the id was seen since.",
+            " meanwhile) and while no delete of the id was seen since."
+            + (
+                ""
+                if v1
+                else " CSI v0.3 has no RPC that changes a volume's size or topology, so a"
+                " repeat answering the same volume must answer them as before (capacity 0,"
+                " unknown, is not compared)."
+            ),
         ),
         Rule(
             "csi.size-limit-recommended",
@@ -622,6 +630,45 @@ def _confirms(confirmed: Any, requested: Any) -> bool:
     return True
 
 
+class CreatedShapes:
+    """CreateVolume name -> (capacity_bytes, accessible_topology digest) of its last answer
+    (SpecState part; used where no RPC can change them, CSI v0.3)."""
+
+    def __init__(self, st: SpecState) -> None:
+        self.shapes: ExpiringMap[str, tuple[int, bytes]] = ExpiringMap(
+            st.max_volumes, st.lifecycle_ttl, st.clock
+        )
+
+
+def _same_shape(
+    cs: CompiledSpec, st: SpecState, name: str, vol: Any, repeat: bool
+) -> Iterable[Violation]:
+    """A repeat of the last CreateVolume of ``name`` (same arguments, same volume, recent)
+    answering another capacity or topology than it did; then remember this answer."""
+    topology = b"".join(sorted(message_digest(t) for t in vol.accessible_topology))
+    shapes = st.part(CreatedShapes).shapes
+    before = shapes.get(name)
+    shapes[name] = (vol.capacity_bytes, topology)
+    if not repeat or before is None:
+        return
+    cap, was = before
+    if cap > 0 and vol.capacity_bytes > 0 and cap != vol.capacity_bytes:
+        yield Violation(
+            cs.rule("create-not-idempotent"),
+            "volume.capacity_bytes",
+            f"CreateVolume repeated with the same name and arguments answered capacity_bytes"
+            f" {vol.capacity_bytes} for the same volume, {cap} before; no RPC changes a"
+            " volume's size",
+        )
+    elif was != topology:
+        yield Violation(
+            cs.rule("create-not-idempotent"),
+            "volume.accessible_topology",
+            "CreateVolume repeated with the same name and arguments answered another"
+            " accessible_topology for the same volume than before",
+        )
+
+
 @dataclass(frozen=True)
 class CsiChecks:
     """Method-level CSI checks, bound to one version's field names."""
@@ -629,6 +676,9 @@ class CsiChecks:
     volume_id: str  # field of Volume holding its id: volume_id (v1) or id (v0)
     topology_capability: str = "VOLUME_ACCESSIBILITY_CONSTRAINTS"  # v0: ACCESSIBILITY_...
     has_topology: bool = True
+    # No RPC changes a volume's size or topology (CSI v0.3 has no expansion): a repeated
+    # CreateVolume must answer the capacity and topology it answered before.
+    fixed_shape: bool = False
 
     # -- requests (party co) ------------------------------------------------------------
 
@@ -851,6 +901,14 @@ class CsiChecks:
             digest = message_digest(req)
             prev = st.creates.get(req.name)
             now = st.clock()
+            if self.fixed_shape:
+                same = (
+                    prev is not None
+                    and prev[0] == digest
+                    and prev[1] == vid
+                    and now - prev[2] <= HANDOVER
+                )
+                yield from _same_shape(cs, st, req.name, vol, same)
             if (
                 prev is not None
                 and prev[0] == digest

@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     from plugproxy.rules.state import SpecState
 
 TITLE = "CSI v0.3"
-_checks = CsiChecks(volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS")
+_checks = CsiChecks(
+    volume_id="id", topology_capability="ACCESSIBILITY_CONSTRAINTS", fixed_shape=True
+)
 
 REQUIRED: dict[str, tuple[str, ...]] = {
     "GetPluginInfoResponse": ("name", "vendor_version"),

@@ -698,3 +698,46 @@ CASES.append(
         party="plugin",
     )
 )
+
+# ... nor can its size or topology change: the repeat answers the same volume as it was.
+_ZONE = {"segments": {"example.com/zone": "zone-a"}}
+CASES.append(
+    Case(
+        SPEC,
+        ("CreateVolume.2", "CreateVolume.3"),
+        "csi.create-not-idempotent",
+        breach=(
+            Step("CreateVolume", create(), answer=volume(capacity_bytes=2 * GIB)),
+            Step("CreateVolume", create(), answer=volume(capacity_bytes=GIB)),
+        ),
+        twin=(
+            Step("CreateVolume", create(), answer=volume(capacity_bytes=2 * GIB)),
+            Step("CreateVolume", create(), answer=volume(capacity_bytes=2 * GIB)),
+        ),
+        background=BG,
+        party="plugin",
+        why="the repeat answers the same volume with another size",
+        variant="capacity",
+    )
+)
+_TOPOLOGY_BG = background(plugin=("CONTROLLER_SERVICE", "ACCESSIBILITY_CONSTRAINTS"))
+_OTHER_ZONE = {"segments": {"example.com/zone": "zone-b"}}
+CASES.append(
+    Case(
+        SPEC,
+        ("CreateVolume.2",),
+        "csi.create-not-idempotent",
+        breach=(
+            Step("CreateVolume", create(), answer=volume(accessible_topology=[_ZONE])),
+            Step("CreateVolume", create(), answer=volume(accessible_topology=[_OTHER_ZONE])),
+        ),
+        twin=(
+            Step("CreateVolume", create(), answer=volume(accessible_topology=[_ZONE])),
+            Step("CreateVolume", create(), answer=volume(accessible_topology=[_ZONE])),
+        ),
+        background=_TOPOLOGY_BG,
+        party="plugin",
+        why="the repeat answers the same volume as accessible elsewhere",
+        variant="topology",
+    )
+)
