@@ -88,3 +88,49 @@ def test_a_listing_lacking_a_volume_just_made_is_found_and_only_then(spec: str) 
         assert MISSING not in listing(p, [])
     finally:
         monkey.undo()
+
+
+CONTRADICTS = "csi.validate-contradicts-create"
+REGRESSED = "csi.snapshot-ready-regressed"
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_a_validation_contradicting_the_create_is_found_and_only_then(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {CONTRADICTS})
+    p = Proxy(spec)
+    p.create("vol-1")
+    assert CONTRADICTS in validate(p, False)
+    assert CONTRADICTS not in validate(p, True)
+    block = {"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+    other = p.ids(
+        "ValidateVolumeCapabilities", {"volume_id": "vol-1", "volume_capabilities": [block]}
+    )
+    assert CONTRADICTS not in other  # a capability the create did not ask for
+    p.clock.now += REPEAT_WINDOW + 1
+    assert CONTRADICTS not in validate(p, False)  # too long ago
+    p.create("vol-2", name="pvc-2")
+    p.call("DeleteVolume", {"volume_id": "vol-2"})
+    assert CONTRADICTS not in validate(p, False, vid="vol-2")  # changed since
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_a_ready_snapshot_answered_as_processing_again_is_found(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {REGRESSED})
+    p = Proxy(spec)
+
+    def listed(ready: bool) -> set[str]:
+        if spec == "csi.v1":
+            snap: dict[str, Any] = {"snapshot_id": "s1", "ready_to_use": ready}
+        else:
+            snap = {"id": "s1", "status": {"type": "READY" if ready else "UPLOADING"}}
+        return p.ids("ListSnapshots", {}, {"entries": [{"snapshot": snap}]})
+
+    assert REGRESSED not in listed(False)  # processing: fine
+    assert REGRESSED not in listed(True)
+    assert REGRESSED in listed(False)
+    p.call("DeleteSnapshot", {"snapshot_id": "s1"})  # gone: a new one may take the id
+    assert REGRESSED not in listed(False)

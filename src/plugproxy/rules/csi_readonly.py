@@ -51,9 +51,18 @@ class ValidationMemory:
         self.walks: ExpiringMap[str, tuple[float, frozenset[str] | None]] = ExpiringMap(
             64, REPEAT_WINDOW, st.clock
         )
+        # volume id -> (digests of the capabilities, parameters digest, volume context
+        # digest) of the CreateVolume answered with it
+        self.made_with: ExpiringMap[str, tuple[frozenset[bytes], bytes, bytes]] = ExpiringMap(
+            st.max_volumes, REPEAT_WINDOW, st.clock
+        )
+        # snapshot id -> when an answer said it is ready, while no delete of it was sent
+        self.ready: ExpiringMap[str, float] = ExpiringMap(
+            st.max_volumes, st.lifecycle_ttl, st.clock
+        )
 
 
-def _rules(title: str) -> list[Rule]:
+def _rules(title: str, v1: bool) -> list[Rule]:
     return [
         Rule(
             "csi.validate-not-idempotent",
@@ -81,6 +90,30 @@ def _rules(title: str) -> list[Rule]:
             f" ({HANDOVER:.0f} s): later, another replica may have deleted the volume. A"
             " volume made during a walk may fall between its pages; a walk with a sampled"
             " long page is not judged.",
+        ),
+        Rule(
+            "csi.validate-contradicts-create",
+            MUST,
+            (PLUGIN,),
+            f"{title} §CreateVolume, §ValidateVolumeCapabilities",
+            "ValidateVolumeCapabilities does not confirm capabilities that a CreateVolume"
+            " answered OK with on this socket, for the volume it made, with the same"
+            " parameters and volume context and nothing changing the volume since.",
+            reject_code=None,
+            note="CreateVolume MUST fail when any requested capability is unsupported and"
+            " MUST provision a volume satisfying all: the validation of the same capabilities"
+            " contradicts it. Judged within 10 minutes of the create.",
+        ),
+        Rule(
+            "csi.snapshot-ready-regressed",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{'CreateSnapshot, ListSnapshots' if v1 else 'Snapshot Statuses'}",
+            "A snapshot an answer on this socket said was ready is later answered as not ready"
+            " (still being processed), with no delete of it sent since.",
+            reject_code=None,
+            note="Listings report a snapshot's current state, which turns ready when the"
+            " processing is done; processing done does not start again.",
         ),
     ]
 
@@ -119,10 +152,102 @@ def _volume_id(volume: Any) -> str:
     return str(getattr(volume, "volume_id", "") or getattr(volume, "id", ""))
 
 
+def _capabilities(caps: Iterable[Any]) -> frozenset[bytes]:
+    return frozenset(digest(c.SerializeToString(deterministic=True)) for c in caps)
+
+
+def _maps(*maps: Any) -> bytes:
+    return digest(repr([sorted(m.items()) for m in maps]).encode())
+
+
+def _arguments(req: Any) -> bytes:
+    """The parameters a volume was made or is validated with (CSI v1: and mutable ones)."""
+    names = [n for n in ("parameters", "mutable_parameters") if n in req.DESCRIPTOR.fields_by_name]
+    return _maps(*(getattr(req, n) for n in names))
+
+
+def _context(message: Any) -> bytes:
+    for name in ("volume_context", "attributes", "volume_attributes"):
+        if name in message.DESCRIPTOR.fields_by_name:
+            return _maps(getattr(message, name))
+    return _maps()
+
+
 def _created(st: SpecState, call: Call, req: Any, resp: Any) -> None:
     if resp is not None and resp.HasField("volume") and _volume_id(resp.volume):
         memory = st.part(ValidationMemory)
-        memory.created[_volume_id(resp.volume)] = memory.clock()
+        vid = _volume_id(resp.volume)
+        memory.created[vid] = memory.clock()
+        made = (_capabilities(req.volume_capabilities), _arguments(req), _context(resp.volume))
+        memory.made_with[vid] = made
+
+
+def _validate_against_create(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    memory = st.part(ValidationMemory)
+    made = memory.made_with.get(req.volume_id) if len(memory.made_with) else None
+    if made is None or _confirmed(resp):
+        return
+    caps, arguments, context = made
+    if not _capabilities(req.volume_capabilities) <= caps or _context(req) != context:
+        return
+    if "parameters" in req.DESCRIPTOR.fields_by_name and _arguments(req) != arguments:
+        return
+    yield Violation(
+        cs.rule("validate-contradicts-create"),
+        "confirmed" if "confirmed" in resp.DESCRIPTOR.fields_by_name else "supported",
+        "the capabilities are not confirmed, though CreateVolume answered OK with them for"
+        " this volume on this socket, with the same parameters and volume context",
+    )
+
+
+def _snapshot_ready(snapshot: Any) -> bool | None:
+    """Whether an answer says the snapshot is ready (None: it says neither)."""
+    if "ready_to_use" in snapshot.DESCRIPTOR.fields_by_name:
+        return bool(snapshot.ready_to_use)
+    if not snapshot.HasField("status"):
+        return None
+    kind = snapshot.status.DESCRIPTOR.fields_by_name["type"].enum_type
+    name = kind.values_by_number[snapshot.status.type].name
+    return True if name == "READY" else False if name == "UPLOADING" else None
+
+
+def _snapshots_answered(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    if "entries" in resp.DESCRIPTOR.fields_by_name:
+        snapshots = [e.snapshot for e in resp.entries if e.HasField("snapshot")]
+    elif resp.HasField("snapshot"):
+        snapshots = [resp.snapshot]
+    else:
+        return
+    memory = st.part(ValidationMemory)
+    now = memory.clock()
+    for snapshot in snapshots:
+        sid = str(getattr(snapshot, "snapshot_id", "") or getattr(snapshot, "id", ""))
+        ready = _snapshot_ready(snapshot)
+        if not sid or ready is None:
+            continue
+        if ready:
+            memory.ready[sid] = now
+            continue
+        when = memory.ready.get(sid)
+        if when is not None:
+            yield Violation(
+                cs.rule("snapshot-ready-regressed"),
+                "snapshot",
+                f"a snapshot answered ready on this socket ({ago(now - when)}) is answered as"
+                " still being processed, with no delete of it sent since",
+            )
+            return  # once a call
+
+
+def _deleting_snapshot(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any
+) -> Iterable[Violation]:
+    st.part(ValidationMemory).ready.pop(req.snapshot_id, None)
+    return ()
 
 
 def _deleting(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
@@ -175,6 +300,8 @@ def _changed(st: SpecState, call: Call, req: Any, resp: Any) -> None:
     if volume_id:
         memory = st.part(ValidationMemory)
         memory.changed[volume_id] = memory.clock()
+        if call.method.name != "CreateVolume":
+            memory.made_with.pop(volume_id, None)  # what it was made with may not hold now
 
 
 def hooks(title: str, v1: bool) -> Hooks:
@@ -182,12 +309,14 @@ def hooks(title: str, v1: bool) -> Hooks:
     changes = _CHANGES if v1 else ("DeleteVolume", "CreateVolume")
     on_success: dict[str, tuple[Any, ...]] = {rpc: (_changed,) for rpc in changes}
     on_success["CreateVolume"] = (_changed, _created)
+    snapshots = ("CreateSnapshot", "ListSnapshots", *(("GetSnapshot",) if v1 else ()))
     return Hooks(
-        rules=tuple(_rules(title)),
-        request_checks={"DeleteVolume": (_deleting,)},
+        rules=tuple(_rules(title, v1)),
+        request_checks={"DeleteVolume": (_deleting,), "DeleteSnapshot": (_deleting_snapshot,)},
         response_checks={
-            "ValidateVolumeCapabilities": (_validate_response,),
+            "ValidateVolumeCapabilities": (_validate_response, _validate_against_create),
             "ListVolumes": (_list_response,),
+            **{rpc: (_snapshots_answered,) for rpc in snapshots},
         },
         on_success=on_success,
     )

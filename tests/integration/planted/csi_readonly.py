@@ -113,3 +113,102 @@ CASES += listing_cases(
         "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME", "LIST_VOLUMES"),
     },
 )
+
+
+def made_then_validated(spec: str, statements: tuple[str, ...]) -> Case:
+    """CreateVolume answers OK with RWO; a validation of RWO for that volume is then
+    refused: the plugin contradicts itself. The twin validates another capability."""
+    id_field = "volume_id" if spec == "csi.v1" else "id"
+    create = Step(
+        "CreateVolume",
+        {"name": "pvc-1", "volume_capabilities": [RWO]},
+        answer={"volume": {id_field: "vol-1"}},
+    )
+    no = {"message": "not supported"} if spec == "csi.v1" else {"supported": False}
+    block = {"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+    return Case(
+        spec,
+        statements,
+        "csi.validate-contradicts-create",
+        breach=(create, Step("ValidateVolumeCapabilities", REQUEST, answer=no)),
+        twin=(
+            create,
+            Step(
+                "ValidateVolumeCapabilities",
+                {"volume_id": "vol-1", "volume_capabilities": [block]},
+                answer=no,
+            ),
+        ),
+        background=V1_BACKGROUND if spec == "csi.v1" else V0_BACKGROUND,
+        party="plugin",
+    )
+
+
+def snapshot_answer(spec: str, ready: bool) -> dict[str, Any]:
+    if spec == "csi.v1":
+        snap: dict[str, Any] = {
+            "snapshot_id": "snap-1",
+            "source_volume_id": "vol-1",
+            "ready_to_use": ready,
+            "creation_time": {"seconds": 1_700_000_000},
+        }
+    else:
+        snap = {
+            "id": "snap-1",
+            "source_volume_id": "vol-1",
+            "created_at": 1_700_000_000,
+            "status": {"type": "READY" if ready else "UPLOADING"},
+        }
+    return {"entries": [{"snapshot": snap}]}
+
+
+def regressed(spec: str, statements: tuple[str, ...]) -> Case:
+    listing = {"snapshot_id": "snap-1"}
+    return Case(
+        spec,
+        statements,
+        "csi.snapshot-ready-regressed",
+        breach=(
+            Step("ListSnapshots", listing, answer=snapshot_answer(spec, True)),
+            Step("ListSnapshots", listing, answer=snapshot_answer(spec, False)),
+        ),
+        twin=(
+            Step("ListSnapshots", listing, answer=snapshot_answer(spec, False)),
+            Step("ListSnapshots", listing, answer=snapshot_answer(spec, True)),
+        ),
+        background=V1_SNAPSHOTS if spec == "csi.v1" else V0_SNAPSHOTS,
+        party="plugin",
+    )
+
+
+V1_BACKGROUND = v1_background()
+V0_BACKGROUND = {
+    "GetPluginCapabilities": {"capabilities": [{"service": {"type": "CONTROLLER_SERVICE"}}]},
+    "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME"),
+}
+V1_SNAPSHOTS = v1_background(controller=("CREATE_DELETE_SNAPSHOT", "LIST_SNAPSHOTS"))
+V0_SNAPSHOTS = {
+    "GetPluginCapabilities": {"capabilities": [{"service": {"type": "CONTROLLER_SERVICE"}}]},
+    "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_SNAPSHOT", "LIST_SNAPSHOTS"),
+}
+
+CASES += [
+    made_then_validated("csi.v1", ("CreateVolume.13", "CreateVolume.14", "CreateVolume.17")),
+    made_then_validated(
+        "csi.v0",
+        (
+            "CreateVolume.6",
+            "CreateVolume.8",
+            "ValidateVolumeCapabilities.2",
+            "ValidateVolumeCapabilities.5",
+        ),
+    ),
+    regressed(
+        "csi.v1",
+        (
+            "CreateSnapshot-DeleteSnapshot-ListSnapshots.4",
+            "CreateSnapshot-DeleteSnapshot-ListSnapshots.5",
+        ),
+    ),
+    regressed("csi.v0", ("Snapshot-Statuses.4", "Snapshot-Statuses.5")),
+]
