@@ -19,6 +19,7 @@ from plugproxy.rules import (
     csi_capabilities,
     csi_consistency,
     csi_order,
+    csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
@@ -395,3 +396,4 @@ TABLE = SpecTable(
         csi_recovery.hooks(TITLE, v1=False),
     ),
 )
+        csi_placement.hooks(TITLE, v1=False),

@@ -23,6 +23,7 @@ from plugproxy.rules import (
     csi_capabilities,
     csi_consistency,
     csi_order,
+    csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
@@ -536,5 +537,6 @@ TABLE = SpecTable(
         csi_responses.hooks(TITLE, v1=True),
         csi_readonly.hooks(TITLE, v1=True),
         csi_recovery.hooks(TITLE, v1=True),
+        csi_placement.hooks(TITLE, v1=True),
     ),
 )
