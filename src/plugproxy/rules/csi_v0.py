@@ -210,25 +210,62 @@ SERVICES: dict[str, ServiceNeeds] = {
 # general UNIMPLEMENTED row; the RPCs whose tables have one say "Caller MUST NOT retry".
 FIX_FIRST = {"INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying")}
 _NO_RETRY = FixFirst("MUST NOT retry", must_change=())
-_ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
-_ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
+# ALREADY_EXISTS rows: the existing object is incompatible with the request. A retry for the
+# same object keeping every argument (all but secrets, which the rows never name) keeps the
+# incompatibility; a retry changing any of them may be the fix.
+_VOLUME_ARGUMENTS = FixFirst(
+    "MUST fix the arguments or use another name before retrying",
+    must_change=(
+        "capacity_range",
+        "volume_capabilities",
+        "parameters",
+        "accessibility_requirements",
+        "volume_content_source",
+    ),
+)
+_SNAPSHOT_ARGUMENTS = FixFirst(
+    "MUST fix the arguments or use another name before retrying",
+    must_change=("source_volume_id", "parameters"),
+)
+_PUBLISHED_ARGUMENTS = FixFirst(
+    "MUST fix the arguments before retrying",
+    must_change=("node_id", "volume_capability", "readonly", "volume_attributes"),
+)
+_STAGED_ARGUMENTS = FixFirst(
+    "MUST fix the arguments before retrying",
+    must_change=("staging_target_path", "volume_capability", "publish_info", "volume_attributes"),
+)
+_NODE_PUBLISHED_ARGUMENTS = FixFirst(
+    "MUST fix the arguments before retrying",
+    must_change=(
+        "target_path",
+        "staging_target_path",
+        "volume_capability",
+        "readonly",
+        "publish_info",
+        "volume_attributes",
+    ),
+)
 
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "CreateVolume": {
-        "ALREADY_EXISTS": _ARGUMENTS_OR_NAME,
+        "ALREADY_EXISTS": _VOLUME_ARGUMENTS,
         "OUT_OF_RANGE": FixFirst(
             "MUST fix the capacity range before retrying", must_change=("capacity_range",)
         ),
         "UNIMPLEMENTED": _NO_RETRY,
     },
     "DeleteVolume": {"UNIMPLEMENTED": _NO_RETRY},
-    "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS, "UNIMPLEMENTED": _NO_RETRY},
+    "ControllerPublishVolume": {
+        "ALREADY_EXISTS": _PUBLISHED_ARGUMENTS,
+        "UNIMPLEMENTED": _NO_RETRY,
+    },
     "ControllerUnpublishVolume": {"UNIMPLEMENTED": _NO_RETRY},
-    "CreateSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME, "UNIMPLEMENTED": _NO_RETRY},
+    "CreateSnapshot": {"ALREADY_EXISTS": _SNAPSHOT_ARGUMENTS, "UNIMPLEMENTED": _NO_RETRY},
     "DeleteSnapshot": {"UNIMPLEMENTED": _NO_RETRY},
-    "NodeStageVolume": {"ALREADY_EXISTS": _ARGUMENTS},
+    "NodeStageVolume": {"ALREADY_EXISTS": _STAGED_ARGUMENTS},
     "NodePublishVolume": {
-        "ALREADY_EXISTS": _ARGUMENTS,
+        "ALREADY_EXISTS": _NODE_PUBLISHED_ARGUMENTS,
         "FAILED_PRECONDITION": FixFirst(
             "MUST stage the volume first and retry with a valid staging_target_path",
             staging_path_missing,

@@ -17,6 +17,8 @@ from tests.integration.planted.csi_v0_builders import (
     NODE,
     OTHER_TARGET,
     RO,
+    RWO,
+    RWX,
     SNAP,
     SPEC,
     STAGED,
@@ -741,3 +743,130 @@ CASES.append(
         variant="topology",
     )
 )
+
+# -- recovery: a retry for the same object that changes only what the row does not name ----------
+# After ALREADY_EXISTS (the object exists, incompatible with these arguments) the retry keeps
+# every argument and changes only its secrets; after OUT_OF_RANGE it keeps the capacity range;
+# after UNIMPLEMENTED it calls again at all. The twin changes what the row names.
+_AE = ("ALREADY_EXISTS", "exists, incompatible")
+_UNFIXED: list[
+    tuple[tuple[str, ...], str, dict[str, Any], dict[str, Any], Any, str, dict[str, Any]]
+] = [
+    (
+        ("CreateVolume-Errors.4",),
+        "CreateVolume",
+        {"controller_create_secrets": {"token": "t2"}},
+        {"volume_capabilities": [RWX]},
+        volume(),
+        "ALREADY_EXISTS",
+        BG,
+    ),
+    (
+        ("CreateVolume-Errors.8",),
+        "CreateVolume",
+        {"parameters": {"type": "fast"}},
+        {"capacity_range": {"required_bytes": GIB}},
+        volume(capacity_bytes=GIB),
+        "OUT_OF_RANGE",
+        BG,
+    ),
+    (
+        ("CreateSnapshot-Errors.4", "CreateSnapshot-Errors.3"),
+        "CreateSnapshot",
+        {"create_snapshot_secrets": {"token": "t2"}},
+        {"name": "snap-pvc-2"},
+        snapshot(),
+        "ALREADY_EXISTS",
+        BG,
+    ),
+    (
+        ("ControllerPublishVolume-Errors.6",),
+        "ControllerPublishVolume",
+        {"controller_publish_secrets": {"token": "t2"}},
+        {"readonly": False},
+        {},
+        "ALREADY_EXISTS",
+        BG,
+    ),
+    (
+        ("NodeStageVolume-Errors.5",),
+        "NodeStageVolume",
+        {"node_stage_secrets": {"token": "t2"}},
+        {"volume_capability": RWO},
+        {},
+        "ALREADY_EXISTS",
+        STAGED,
+    ),
+    (
+        ("NodePublishVolume-Errors.5",),
+        "NodePublishVolume",
+        {"node_publish_secrets": {"token": "t2"}},
+        {"volume_capability": RWO},
+        {},
+        "ALREADY_EXISTS",
+        NODE_ONLY,
+    ),
+]
+_FIRST = {
+    "CreateVolume": create(capacity_range={"required_bytes": 1 << 50}),
+    "CreateSnapshot": snapshot_request(),
+    "ControllerPublishVolume": publish(readonly=True),
+    "NodeStageVolume": stage(volume_capability=RO),
+    "NodePublishVolume": node_publish(volume_capability=RO),
+}
+for statements, rpc, unfixed, fixed, answer, code, bg in _UNFIXED:
+    first = _FIRST[rpc]
+    if rpc == "CreateVolume" and code == "ALREADY_EXISTS":
+        first = create()
+    CASES.append(
+        Case(
+            SPEC,
+            statements,
+            "csi.retry-unfixed",
+            breach=(
+                Step(rpc, first, error=(code, "refused")),
+                Step(rpc, {**first, **unfixed}, answer=answer),
+            ),
+            twin=(
+                Step(rpc, first, error=(code, "refused")),
+                Step(rpc, {**first, **fixed}, answer=answer),
+            ),
+            background=bg,
+            party="co",
+            variant="unfixed",
+        )
+    )
+_CHANGED = (
+    (("CreateVolume-Errors.9",), "CreateVolume", create(), create(parameters={"a": "b"}), volume()),
+    (
+        ("CreateSnapshot-Errors.7",),
+        "CreateSnapshot",
+        snapshot_request(),
+        snapshot_request(parameters={"a": "b"}),
+        snapshot(),
+    ),
+    (
+        ("ControllerPublishVolume-Errors.12",),
+        "ControllerPublishVolume",
+        publish(),
+        publish(readonly=True),
+        {},
+    ),
+)
+for statements, rpc, request, changed, answer in _CHANGED:
+    CASES.append(
+        Case(
+            SPEC,
+            statements,
+            "csi.retry-unfixed",
+            breach=(
+                Step(rpc, request, error=("UNIMPLEMENTED", "not implemented")),
+                Step(rpc, changed, answer=answer),
+            ),
+            twin=(Step(rpc, request, error=("UNIMPLEMENTED", "not implemented")),),
+            background=UNKNOWN,
+            party="co",
+            variant="unfixed",
+            why="called again for the same object, changed, after UNIMPLEMENTED",
+        )
+    )
