@@ -134,3 +134,40 @@ def test_a_ready_snapshot_answered_as_processing_again_is_found(
     assert REGRESSED in listed(False)
     p.call("DeleteSnapshot", {"snapshot_id": "s1"})  # gone: a new one may take the id
     assert REGRESSED not in listed(False)
+
+
+WRITER = "csi.single-node-writer-refused"
+
+
+def test_single_node_writer_refused_where_a_newer_mode_is_confirmed_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {WRITER})
+    caps = {
+        **consistency.V1_CAPS,
+        "controller": {"CREATE_DELETE_VOLUME", "SINGLE_NODE_MULTI_WRITER"},
+    }
+    p = Proxy(caps=caps)
+
+    def check(mode: str, confirmed: bool, vid: str = "vol-1") -> set[str]:
+        cap = {"mount": {}, "access_mode": {"mode": mode}}
+        req = {"volume_id": vid, "volume_capabilities": [cap]}
+        resp = {"confirmed": {"volume_capabilities": [cap]}} if confirmed else {}
+        return p.ids("ValidateVolumeCapabilities", req, resp)
+
+    assert WRITER not in check("SINGLE_NODE_WRITER", False)
+    assert WRITER in check("SINGLE_NODE_MULTI_WRITER", True)  # either order is found
+    assert WRITER not in check("SINGLE_NODE_SINGLE_WRITER", True, "vol-2")
+    assert WRITER not in check("SINGLE_NODE_WRITER", True, "vol-2")
+    # a plugin not listing SINGLE_NODE_MULTI_WRITER owes nothing here
+    plain = Proxy()
+    cap = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+    plain.ids("ValidateVolumeCapabilities", {"volume_id": "v", "volume_capabilities": [cap]}, {})
+    assert WRITER not in plain.ids(
+        "ValidateVolumeCapabilities",
+        {
+            "volume_id": "v",
+            "volume_capabilities": [{**cap, "access_mode": {"mode": "SINGLE_NODE_SINGLE_WRITER"}}],
+        },
+        {"confirmed": {"volume_capabilities": [cap]}},
+    )

@@ -56,6 +56,11 @@ class ValidationMemory:
         self.made_with: ExpiringMap[str, tuple[frozenset[bytes], bytes, bytes]] = ExpiringMap(
             st.max_volumes, REPEAT_WINDOW, st.clock
         )
+        # digest of a validation with its single-node writer modes made one -> (whether
+        # SINGLE_NODE_WRITER was confirmed, whether the newer modes were), each None unseen
+        self.single_node: ExpiringMap[bytes, tuple[bool | None, bool | None]] = ExpiringMap(
+            st.max_volumes, REPEAT_WINDOW, st.clock
+        )
         # snapshot id -> when an answer said it is ready, while no delete of it was sent
         self.ready: ExpiringMap[str, float] = ExpiringMap(
             st.max_volumes, st.lifecycle_ttl, st.clock
@@ -63,7 +68,7 @@ class ValidationMemory:
 
 
 def _rules(title: str, v1: bool) -> list[Rule]:
-    return [
+    rules = [
         Rule(
             "csi.validate-not-idempotent",
             MUST,
@@ -116,6 +121,23 @@ def _rules(title: str, v1: bool) -> list[Rule]:
             " processing is done; processing done does not start again.",
         ),
     ]
+    if v1:
+        rules.append(
+            Rule(
+                "csi.single-node-writer-refused",
+                MUST,
+                (PLUGIN,),
+                f"{title} §ControllerGetCapabilities",
+                "A plugin listing SINGLE_NODE_MULTI_WRITER does not confirm SINGLE_NODE_WRITER"
+                " in a ValidateVolumeCapabilities whose same request with"
+                " SINGLE_NODE_SINGLE_WRITER or SINGLE_NODE_MULTI_WRITER it confirms.",
+                reject_code=None,
+                note="Such a plugin MUST keep accepting SINGLE_NODE_WRITER for older COs."
+                " Validation changes nothing, so two validations differing only in that mode"
+                " show the refusal is the mode's; other calls refused may have other causes.",
+            )
+        )
+    return rules
 
 
 def _confirmed(resp: Any) -> bool:
@@ -200,6 +222,49 @@ def _validate_against_create(
         "the capabilities are not confirmed, though CreateVolume answered OK with them for"
         " this volume on this socket, with the same parameters and volume context",
     )
+
+
+_WRITER_MODES = {
+    "SINGLE_NODE_WRITER": 0,
+    "SINGLE_NODE_SINGLE_WRITER": 1,
+    "SINGLE_NODE_MULTI_WRITER": 1,
+}
+
+
+def _single_node_writer(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    caps = st.known_capabilities("controller")
+    if caps is None or "SINGLE_NODE_MULTI_WRITER" not in caps:
+        return
+    normal = type(req)()
+    normal.CopyFrom(req)
+    kinds = set()
+    for cap in normal.volume_capabilities:
+        mode = cap.access_mode.DESCRIPTOR.fields_by_name["mode"].enum_type
+        name = mode.values_by_number[cap.access_mode.mode].name
+        if name in _WRITER_MODES:
+            kinds.add(_WRITER_MODES[name])
+            cap.access_mode.mode = mode.values_by_name["SINGLE_NODE_WRITER"].number
+    if len(kinds) != 1:
+        return  # no single-node writer mode, or old and new ones mixed in one request
+    memory = st.part(ValidationMemory)
+    key = digest(normal.SerializeToString(deterministic=True))
+    old, new = memory.single_node.get(key) or (None, None)
+    confirmed = _confirmed(resp)
+    if kinds == {0}:
+        old = confirmed
+    else:
+        new = confirmed
+    memory.single_node[key] = (old, new)
+    if old is False and new is True:
+        yield Violation(
+            cs.rule("single-node-writer-refused"),
+            "volume_capabilities",
+            "SINGLE_NODE_WRITER is not confirmed where the same validation with"
+            " SINGLE_NODE_SINGLE_WRITER or SINGLE_NODE_MULTI_WRITER is, though the plugin"
+            " lists SINGLE_NODE_MULTI_WRITER",
+        )
 
 
 def _snapshot_ready(snapshot: Any) -> bool | None:
@@ -314,7 +379,11 @@ def hooks(title: str, v1: bool) -> Hooks:
         rules=tuple(_rules(title, v1)),
         request_checks={"DeleteVolume": (_deleting,), "DeleteSnapshot": (_deleting_snapshot,)},
         response_checks={
-            "ValidateVolumeCapabilities": (_validate_response, _validate_against_create),
+            "ValidateVolumeCapabilities": (
+                _validate_response,
+                _validate_against_create,
+                *((_single_node_writer,) if v1 else ()),
+            ),
             "ListVolumes": (_list_response,),
             **{rpc: (_snapshots_answered,) for rpc in snapshots},
         },

@@ -212,3 +212,31 @@ CASES += [
     ),
     regressed("csi.v0", ("Snapshot-Statuses.4", "Snapshot-Statuses.5")),
 ]
+
+
+def writer_modes(snw_confirmed: bool) -> tuple[Step, ...]:
+    snw = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+    snsw = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_SINGLE_WRITER"}}
+
+    def validate_mode(cap: dict[str, Any], confirmed: bool) -> Step:
+        answer = {"confirmed": {"volume_capabilities": [cap]}} if confirmed else {"message": "no"}
+        return Step(
+            "ValidateVolumeCapabilities",
+            {"volume_id": "vol-1", "volume_capabilities": [cap]},
+            answer=answer,
+        )
+
+    return (validate_mode(snsw, True), validate_mode(snw, snw_confirmed))
+
+
+CASES.append(
+    Case(
+        "csi.v1",
+        ("ControllerGetCapabilities.7",),
+        "csi.single-node-writer-refused",
+        breach=writer_modes(False),
+        twin=writer_modes(True),
+        background=v1_background(controller=("CREATE_DELETE_VOLUME", "SINGLE_NODE_MULTI_WRITER")),
+        party="plugin",
+    )
+)
