@@ -431,6 +431,6 @@ TABLE = SpecTable(
         csi_responses.hooks(TITLE, v1=False),
         csi_readonly.hooks(TITLE, v1=False),
         csi_recovery.hooks(TITLE, v1=False),
+        csi_placement.hooks(TITLE, v1=False),
     ),
 )
-        csi_placement.hooks(TITLE, v1=False),
