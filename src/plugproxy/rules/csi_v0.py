@@ -31,6 +31,7 @@ from plugproxy.rules.csi_common import (
 )
 from plugproxy.rules.engine import (
     CO,
+    MUST,
     SHOULD,
     FixFirst,
     Hooks,
@@ -41,7 +42,7 @@ from plugproxy.rules.engine import (
     Violation,
     merged,
 )
-from plugproxy.rules.memory import ago
+from plugproxy.rules.memory import ExpiringMap, ago
 from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:
@@ -372,6 +373,87 @@ _NODE_GET_ID = Hooks(
     on_success={"NodeGetInfo": (_node_info_served,)},
 )
 
+
+def _delete_by_name(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    created = st.creates.get(req.volume_id) if req.volume_id else None
+    if created is None or created[1] == req.volume_id or st.peek(req.volume_id) is not None:
+        return
+    yield Violation(
+        cs.rule("delete-by-name"),
+        "volume_id",
+        "DeleteVolume names as volume_id the name of a CreateVolume that answered another"
+        f" volume id {ago(st.clock() - created[2])}, and no volume with that id was seen; the"
+        " plugin's volume id is what DeleteVolume takes",
+    )
+
+
+class SnapshotNames:
+    """CreateSnapshot name -> (snapshot id, when) of its last OK answer, and the ids those
+    answers gave (SpecState part)."""
+
+    def __init__(self, st: SpecState) -> None:
+        self.ids: ExpiringMap[str, tuple[str, float]] = ExpiringMap(
+            st.max_volumes, st.lifecycle_ttl, st.clock
+        )
+        self.made: ExpiringMap[str, float] = ExpiringMap(st.max_volumes, st.lifecycle_ttl, st.clock)
+
+
+def _snapshot_named(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    sid = resp.snapshot.id if resp is not None else ""
+    if req.name and sid:
+        names = st.part(SnapshotNames)
+        names.ids[req.name] = (sid, st.clock())
+        names.made[sid] = st.clock()
+
+
+def _snapshot_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    st.part(SnapshotNames).made.pop(req.snapshot_id, None)
+
+
+def _delete_snapshot_by_name(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any
+) -> Iterable[Violation]:
+    names = st.part(SnapshotNames)
+    created = names.ids.get(req.snapshot_id) if req.snapshot_id else None
+    if created is None or created[0] == req.snapshot_id or req.snapshot_id in names.made:
+        return
+    if created[0] not in names.made:
+        return  # that snapshot was deleted since
+    yield Violation(
+        cs.rule("delete-by-name"),
+        "snapshot_id",
+        "DeleteSnapshot names as snapshot_id the name of a CreateSnapshot that answered"
+        f" another snapshot id {ago(st.clock() - created[1])}, and no snapshot with that id"
+        " was seen; the plugin's snapshot id is what DeleteSnapshot takes",
+    )
+
+
+# §CreateVolume, DeleteVolume, ListVolumes (and the snapshot counterpart): the deletes take
+# the plugin's id, not the CO's name, which may differ from it.
+_DELETE_BY_NAME = Hooks(
+    rules=(
+        Rule(
+            "csi.delete-by-name",
+            MUST,
+            (CO,),
+            f"{TITLE} §CreateVolume, DeleteVolume, ListVolumes; §CreateSnapshot, DeleteSnapshot,"
+            " ListSnapshots",
+            "DeleteVolume (DeleteSnapshot) passes as volume_id (snapshot_id) the name of a"
+            " volume (snapshot) whose CreateVolume (CreateSnapshot) answered another id on this"
+            " socket.",
+            reject_code=None,
+            note="Judged only while the create is remembered and no delete of it answered OK,"
+            " and when no volume (snapshot) with that id was seen on this socket (a plugin may"
+            " give one object the id another is named by). Reported, never enforced.",
+        ),
+    ),
+    request_checks={
+        "DeleteVolume": (_delete_by_name,),
+        "DeleteSnapshot": (_delete_snapshot_by_name,),
+    },
+    on_success={"CreateSnapshot": (_snapshot_named,), "DeleteSnapshot": (_snapshot_deleted,)},
+)
+
 TABLE = SpecTable(
     spec="csi.v0",
     family="csi",
@@ -425,6 +507,7 @@ TABLE = SpecTable(
     **merged(
         _BASE,
         _NODE_GET_ID,
+        _DELETE_BY_NAME,
         csi_capabilities.hooks(TITLE, v1=False),
         csi_consistency.hooks(TITLE, v1=False),
         csi_order.hooks(TITLE, v1=False),

@@ -870,3 +870,40 @@ for statements, rpc, request, changed, answer in _CHANGED:
             why="called again for the same object, changed, after UNIMPLEMENTED",
         )
     )
+
+# §CreateVolume, DeleteVolume, ListVolumes and its snapshot counterpart: the deletes take the
+# plugin's id; the CO passes the name it created the object with instead.
+CASES += [
+    Case(
+        SPEC,
+        ("CreateVolume-DeleteVolume-ListVolumes.1",),
+        "csi.delete-by-name",
+        breach=(
+            Step("CreateVolume", create("pvc-1"), answer=volume(VOL)),
+            Step("DeleteVolume", {"volume_id": "pvc-1"}),
+        ),
+        twin=(
+            Step("CreateVolume", create("pvc-1"), answer=volume(VOL)),
+            Step("DeleteVolume", {"volume_id": VOL}),
+        ),
+        background=BG,
+        party="co",
+        variant="name",
+    ),
+    Case(
+        SPEC,
+        ("CreateSnapshot-DeleteSnapshot-ListSnapshots.1",),
+        "csi.delete-by-name",
+        breach=(
+            Step("CreateSnapshot", snapshot_request("snap-pvc-1"), answer=snapshot(SNAP)),
+            Step("DeleteSnapshot", {"snapshot_id": "snap-pvc-1"}),
+        ),
+        twin=(
+            Step("CreateSnapshot", snapshot_request("snap-pvc-1"), answer=snapshot(SNAP)),
+            Step("DeleteSnapshot", {"snapshot_id": SNAP}),
+        ),
+        background=BG,
+        party="co",
+        variant="name",
+    ),
+]
