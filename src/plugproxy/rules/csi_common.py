@@ -500,6 +500,19 @@ def generic_rules(
             " itself, is not counted.",
         ),
         Rule(
+            f"{family}.bad-request-wrong-code",
+            MUST,
+            (PLUGIN,),
+            f"{title} §Error Scheme",
+            "The plugin refused a request the proxy found breaking a MUST whose spec prescribes"
+            " the answer (a missing REQUIRED or an invalid field: INVALID_ARGUMENT; the per-RPC"
+            " rows the proxy can see) with another code.",
+            reject_code=None,
+            note="Codes a plugin may give before it reads the fields are not judged:"
+            " UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED and"
+            " UNIMPLEMENTED, nor the caller's own cancellations and deadlines.",
+        ),
+        Rule(
             f"{family}.retry-without-change",
             MUST,
             (CO,),

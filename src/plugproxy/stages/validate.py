@@ -143,6 +143,18 @@ BACKOFF_GROWTH = 1.05
 # call.stage_state keys of this stage.
 _DIGEST = "validate.digest"  # the request's digest, computed at most once per call
 _ACCEPTED = "validate.accepted"  # audited request violations the spec prescribes an answer for
+# Codes a plugin may answer before it reads a request's fields: a bad request refused with
+# one of them is not judged for its code (bad-request-wrong-code).
+_ANSWERED_FIRST = frozenset(
+    {
+        "UNAUTHENTICATED",
+        "PERMISSION_DENIED",
+        "UNAVAILABLE",
+        "RESOURCE_EXHAUSTED",
+        "ABORTED",
+        "UNIMPLEMENTED",
+    }
+)
 _FLIGHT = "validate.flight"  # the object keys this call counts in GenericMemory.in_flight
 
 
@@ -961,6 +973,11 @@ class ValidateStage(Stage):
                 self._record(plan, call, (repeat,), PLUGIN)
         if not by_plugin:
             return
+        accepted = call.stage_state.get(_ACCEPTED)
+        if accepted and code.name not in _ANSWERED_FIRST:
+            wrong = self._wrong_code(plan, code.name, accepted)
+            if wrong is not None:
+                self._record(plan, call, (wrong,), PLUGIN)
         if code.name == plan.pending_code and plan.primary:
             self._pending(plan, call)
         self._refused(plan, call, code.name)
@@ -1091,6 +1108,22 @@ class ValidateStage(Stage):
         return (
             f"required of a plugin serving the {plan.service} service{because}, which this"
             f" plugin does ({evidence})"
+        )
+
+    @staticmethod
+    def _wrong_code(plan: _Plan, code: str, found: list[Violation]) -> Violation | None:
+        """A refusal of a bad request with none of the codes its breaches prescribe."""
+        prescribed = sorted({v.rule.reject_code for v in found if v.rule.reject_code})
+        rule = plan.spec.find("bad-request-wrong-code")
+        if rule is None or not prescribed or code in prescribed:
+            return None
+        first = found[0]
+        where = f" at {first.field}" if first.field else ""
+        return Violation(
+            rule,
+            first.field,
+            f"{plan.rpc} answered {code} to a request breaking {first.rule.id}{where}; the"
+            f" spec prescribes {' or '.join(prescribed)}",
         )
 
     def _accepted(self, plan: _Plan, found: list[Violation]) -> Violation:

@@ -89,3 +89,66 @@ CASES = [
         {},
     ),
 ]
+
+
+def wrong_code(
+    spec: str,
+    statements: tuple[str, ...],
+    rpc: str,
+    bad: dict[str, Any],
+    good: dict[str, Any],
+    background: dict[str, Any],
+) -> Case:
+    """A request missing a REQUIRED field refused with another code than INVALID_ARGUMENT
+    (§Error Scheme's general table); the twin is a whole request refused the same way."""
+    family = spec.split(".", maxsplit=1)[0]
+    return Case(
+        spec,
+        statements,
+        f"{family}.bad-request-wrong-code",
+        breach=(Step(rpc, bad, error=("NOT_FOUND", "no such object")),),
+        twin=(Step(rpc, good, error=("NOT_FOUND", "no such object")),),
+        background=background,
+        party="plugin",
+    )
+
+
+GRANT = {
+    "bucket_id": "bucket-1",
+    "name": "access-1",
+    "authentication_type": "Key",
+}
+GRANT_BAD = {k: v for k, v in GRANT.items() if k != "bucket_id"}
+
+GRANT = {"bucket_id": "bucket-1", "name": "access-1", "authentication_type": "Key"}
+GRANT_BAD = {k: v for k, v in GRANT.items() if k != "bucket_id"}
+
+CASES += [
+    wrong_code(
+        "csi.v1",
+        ("Error-Scheme.5",),
+        "ControllerGetVolume",
+        {"volume_id": ""},
+        {"volume_id": "vol-1"},
+        v1_background(controller=("GET_VOLUME",)),
+    ),
+    wrong_code(
+        "csi.v0",
+        ("Error-Scheme.4",),
+        "ValidateVolumeCapabilities",
+        {"volume_capabilities": [RWO]},
+        {"volume_id": "vol-1", "volume_capabilities": [RWO]},
+        CSI_V0_BACKGROUND,
+    ),
+    wrong_code(
+        "cosi.v1alpha1", ("Error-Scheme.5",), "DriverGrantBucketAccess", GRANT_BAD, GRANT, {}
+    ),
+    wrong_code(
+        "cmi.v1",
+        ("Error-Scheme.5", "Error-Scheme.4", "GetMachineStatus-Errors.2"),
+        "GetMachineStatus",
+        {"ProviderSpec": b"spec"},
+        {"MachineName": "m-1", "ProviderSpec": b"spec"},
+        {},
+    ),
+]
