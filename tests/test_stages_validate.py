@@ -464,11 +464,16 @@ async def test_call_order_enforces_only_the_case_with_a_prescribed_answer(tmp_pa
             )
         assert exc.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert exc.value.details().startswith("plugproxy: csi.call-order")
-        await c.call(
+        published = await c.call(
             "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
         )
+        context = dict(published.publish_context)  # the node calls MUST pass it on
         await c.call(
-            "NodeStageVolume", volume_id=vid, staging_target_path="/s", volume_capability=cap
+            "NodeStageVolume",
+            volume_id=vid,
+            staging_target_path="/s",
+            volume_capability=cap,
+            publish_context=context,
         )
         await c.call(
             "NodePublishVolume",
@@ -476,6 +481,7 @@ async def test_call_order_enforces_only_the_case_with_a_prescribed_answer(tmp_pa
             staging_target_path="/s",
             target_path="/t",
             volume_capability=cap,
+            publish_context=context,
         )
         # Out of order, with no answer prescribed: reported, and the plugin answers itself.
         for rpc, fields in (
@@ -781,7 +787,7 @@ async def test_unadvertised_rpcs_and_sources_are_advisory_and_reach_the_plugin(t
             volume_content_source={"volume": {"volume_id": vol.volume_id}},
         )
         assert clone.volume.volume_id
-        await c.call(
+        published = await c.call(
             "ControllerPublishVolume",
             volume_id=vol.volume_id,
             node_id=info.node_id,
@@ -792,6 +798,7 @@ async def test_unadvertised_rpcs_and_sources_are_advisory_and_reach_the_plugin(t
             volume_id=vol.volume_id,
             staging_target_path="/s",
             volume_capability=cap,
+            publish_context=dict(published.publish_context),
         )
         await c.call("NodeGetVolumeStats", volume_id=vol.volume_id, volume_path="/s")
         assert co_and_plugin(proxy) == {
