@@ -373,6 +373,7 @@ class Call:
 
     __slots__ = (
         "code",
+        "connection",
         "details",
         "events",
         "initial_metadata",
@@ -401,6 +402,7 @@ class Call:
         upstream_metadata: list[tuple[str, MetadataValue]],
         timeout: float | None,
         peer: str = "",
+        connection: int = 0,
     ) -> None:
         self.method = method
         self.invocation_metadata = invocation_metadata
@@ -408,6 +410,10 @@ class Call:
         self.upstream_metadata = upstream_metadata
         self.timeout = timeout
         self.peer = peer
+        # Which CO connection carried the call (a serial of the proxy's); 0 when the relay
+        # cannot tell. One caller's calls share a connection: rules use it to tell a retry
+        # from another caller's first call when the request itself has no fields.
+        self.connection = connection
         self.request: LazyMessage | None = None
         self.response: LazyMessage | None = None
         self.request_count = 0

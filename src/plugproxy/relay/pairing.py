@@ -21,6 +21,7 @@ reached (see :data:`plugproxy.upstream.ANSWER_MARGIN_SECONDS`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 NOT_GRPC = object()  # owner of a CO stream that is not a gRPC call (answered by the proxy)
 STREAM_IDS_END = 2**31 - 1  # stream ids are 31 bits (RFC 9113 §5.1.1)
+_SERIALS = itertools.count(1)  # CO connections, numbered as they come
 
 
 class Stream:
@@ -125,6 +127,7 @@ class Pairing(asyncio.Protocol):
 
     def __init__(self, relay: FrameRelay) -> None:
         self.relay = relay
+        self.serial = next(_SERIALS)  # names this connection to the stages (Call.connection)
         self.co = H2Connection(relay.limits, self, server=True)
         self.peer = ""
         self.streams: dict[int, Stream] = {}  # by the CO's stream id, until finished
@@ -482,7 +485,9 @@ class Pairing(asyncio.Protocol):
                 metadata.append(item)
                 if name not in grpcwire.TRANSPORT_HEADERS:
                     upstream_metadata.append(item)
-            stream.call = Call(route.info, tuple(metadata), upstream_metadata, timeout, self.peer)
+            stream.call = Call(
+                route.info, tuple(metadata), upstream_metadata, timeout, self.peer, self.serial
+            )
         if relay.active > relay.max_concurrent_calls:
             relay.over_limit(self.peer)
             self._answer(

@@ -370,6 +370,9 @@ _VOLUME_ARGUMENTS = FixFirst(
 # outside the request, so an unchanged retry is not judged for that RPC and code; a row
 # advising a change in the request with SHOULD names csi.retry-advised-unchanged instead.
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    # Read-only, but asked once per registration, not polled: a repeat on the connection
+    # that got UNIMPLEMENTED is the same caller retrying (§Error Scheme: MUST NOT retry).
+    "NodeGetInfo": {"UNIMPLEMENTED": FIX_FIRST["UNIMPLEMENTED"]},
     "CreateVolume": {"ALREADY_EXISTS": _VOLUME_ARGUMENTS, "OUT_OF_RANGE": _RANGE},
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
     "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"

@@ -262,6 +262,9 @@ def request_digest(call: Call) -> bytes | None:
         return None
     message = lazy.message
     data = message.SerializeToString(deterministic=True) if message is not None else lazy.raw
+    if not data and call.connection:
+        # No fields: every caller sends the same bytes, so the connection tells them apart.
+        data = b"\x00connection:%d" % call.connection
     found = digest(data)
     call.stage_state[_DIGEST] = found
     return found
@@ -449,7 +452,10 @@ class _Plan:
     service_requires: bool | tuple[str, tuple[str, ...]]
     state_change: StateChange | None
     fix_first: dict[str, FixFirst]  # code -> row, general and this RPC's own merged
-    judge_retries: bool  # the request has fields: identical bytes are one caller's retry
+    # The request has fields: identical bytes are one caller's retry. A request without
+    # any is judged for fix-first rows only where the connection tells its caller
+    # (Call.connection), and never for back-off (a liveness probe polls Probe on one).
+    judge_retries: bool
     primary: str  # "<kind>:" of the object the call is about (plugproxy.keys); "": none
     pending_code: str | None  # the "operation pending" row's code
     backoff_codes: frozenset[str]  # codes whose row for this RPC says back off
@@ -656,10 +662,12 @@ class ValidateStage(Stage):
                 fix_first.pop(code, None)
             else:
                 fix_first[code] = row
-        if t.state_changes and rpc not in t.state_changes:
+        own_row = "UNIMPLEMENTED" in t.fix_first_rpc.get(rpc, {})
+        if t.state_changes and rpc not in t.state_changes and not own_row:
             # A read-only call the CO makes on a schedule (kubelet's NodeGetVolumeStats every
             # minute, a health monitor's ControllerGetVolume) is polled again, not retried:
-            # "MUST NOT retry" after UNIMPLEMENTED is not judged for it.
+            # "MUST NOT retry" after UNIMPLEMENTED is not judged for it, unless the table
+            # names the RPC's own row.
             fix_first.pop("UNIMPLEMENTED", None)
         return _Plan(
             spec=cs,
@@ -758,7 +766,8 @@ class ValidateStage(Stage):
                 )
         for check in plan.request_checks:
             out.extend(check(plan.spec, st, call, req))
-        if call.request is lazy and plan.judge_retries and plan.memory.may_have_refused():
+        retries = plan.judge_retries or call.connection
+        if call.request is lazy and retries and plan.memory.may_have_refused():
             retried = self._retried(plan, call)
             if retried is not None:
                 out.append(retried)
@@ -772,8 +781,8 @@ class ValidateStage(Stage):
     def _retried(self, plan: _Plan, call: Call) -> Violation | None:
         """The CO re-sends a request the plugin refused with a fix-first code."""
         lazy = call.request
-        if lazy is None or not lazy.raw:
-            return None  # a request without fields: independent callers send the same
+        if lazy is None or (not lazy.raw and not call.connection):
+            return None  # no fields and no connection known: other callers send the same
         digest = request_digest(call)
         assert digest is not None
         mem = plan.memory
@@ -1143,7 +1152,8 @@ class ValidateStage(Stage):
         """Remember a request the plugin refused with a code whose recovery forbids an
         unchanged retry; any other answer forgets an earlier refusal of it."""
         row = plan.fix_first.get(code)
-        if row is not None and plan.judge_retries and call.request is not None:
+        judged = plan.judge_retries or call.connection
+        if row is not None and judged and call.request is not None:
             req = call.request.message
             if row.when is None or (req is not None and row.when(plan.state, req)):
                 digest = request_digest(call)

@@ -42,7 +42,9 @@ class Step:
     code of digits ("17") is sent as that raw, non-canonical grpc-status.
     ``wait``: seconds the CO waits before sending. ``hold``: seconds the plugin waits before
     answering. ``pending``: the CO sends the next step without waiting for this one's end
-    (the call stays in flight), as a CO racing its own calls does.
+    (the call stays in flight), as a CO racing its own calls does. ``new_connection``: the
+    call goes over a connection of its own, as another caller's (or kubelet's, which opens
+    one per call) would.
     """
 
     rpc: str
@@ -54,6 +56,7 @@ class Step:
     pending: bool = False
     metadata: tuple[tuple[str, str], ...] = ()
     trailers: tuple[tuple[str, str | bytes], ...] = ()  # the plugin's, with ``error``
+    new_connection: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,9 @@ class Case:
 
     ``background``: what the plugin answers to calls that are no step (the proxy's own
     capability queries), by RPC name; an RPC missing here is answered UNIMPLEMENTED.
-    ``party``: the party the report must blame, when set.
+    ``party``: the party the report must blame, when set. ``twin_allows``: rules the twin
+    may draw because setting up the CO's situation takes a plugin's breach too (never
+    ``rule`` itself).
     """
 
     spec: str
@@ -74,6 +79,7 @@ class Case:
     party: str = ""
     why: str = ""  # what the breach is, when the statement does not say it plainly
     variant: str = ""  # tells apart cases of the same statements and rule
+    twin_allows: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -227,11 +233,18 @@ async def run_steps(
             ) as channel:
                 pending: list[tuple[int, asyncio.Task[str]]] = []
                 results: dict[int, str] = {}
+                extra: list[grpc.aio.Channel] = []
                 for index, step in enumerate(steps):
                     if step.wait:
                         await asyncio.sleep(step.wait)
                     info = methods[step.rpc]
-                    task = asyncio.ensure_future(_send(channel, info, step, index, timeout))
+                    via = channel
+                    if step.new_connection:
+                        via = grpc.aio.insecure_channel(
+                            f"unix:{proxy_sock}", options=[("grpc.use_local_subchannel_pool", 1)]
+                        )
+                        extra.append(via)
+                    task = asyncio.ensure_future(_send(via, info, step, index, timeout))
                     if step.pending:
                         pending.append((index, task))
                         await asyncio.sleep(0.05)  # let it reach the plugin first
@@ -239,6 +252,8 @@ async def run_steps(
                         results[index] = await task
                 for index, task in pending:
                     results[index] = await task
+                for other in extra:
+                    await other.close()
                 codes = [results[i] for i in range(len(steps))]
             stage = next(s for s in proxy.stages if isinstance(s, ValidateStage))
             return Outcome(stage.report.snapshot(), codes)
