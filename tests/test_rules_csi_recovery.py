@@ -79,3 +79,34 @@ def test_an_expansion_refused_again_while_published_is_found_unless_unpublished(
     p.clock.now += 30
     assert PUBLISHED in p.ids("ControllerExpandVolume", expand, {}, "FAILED_PRECONDITION")
     assert "the first refusal 30s ago" in p.messages()
+
+
+ANSWERED = "csi.deleted-object-answered"
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_an_ok_for_a_volume_deleted_here_within_a_lease_is_found(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ANSWERED})
+    p = Proxy(spec)
+    p.create("vol-1")
+    p.call("DeleteVolume", {"volume_id": "vol-1"})
+    assert ANSWERED in publish(p)
+    assert "whose delete answered OK on this socket" in p.messages()
+    p.clock.now += 16  # another replica may have made it again since
+    assert ANSWERED not in publish(p)
+    p.create("vol-2", name="pvc-2")
+    p.call("DeleteVolume", {"volume_id": "vol-2"})
+    p.create("vol-2", name="pvc-2")  # made again here: it exists
+    req = {"volume_id": "vol-2", "node_id": NODE, "volume_capability": RWO}
+    assert ANSWERED not in p.ids("ControllerPublishVolume", req, {})
+
+
+def test_an_ok_for_a_snapshot_deleted_here_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ANSWERED})
+    p = Proxy()
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    snap = {"snapshot_id": "snap-1", "source_volume_id": "v", "ready_to_use": True}
+    assert ANSWERED in p.ids("GetSnapshot", {"snapshot_id": "snap-1"}, {"snapshot": snap})
+    assert ANSWERED not in p.ids("GetSnapshot", {"snapshot_id": "snap-1"}, {}, "NOT_FOUND")

@@ -13,6 +13,12 @@ socket shows it (CSI v1.12 and v0.3).
   with no ControllerUnpublishVolume of it answered OK between, shows it did not
   (``csi.expand-retry-while-published``).
 
+The plugin's side of the same rows: an OK to a call naming a volume or snapshot (or a
+CreateVolume or CreateSnapshot source) whose delete answered OK on this socket within a
+leader-election lease (:data:`HANDOVER`), and with no create answering that id since,
+where the table prescribes NOT_FOUND (``csi.deleted-object-answered``). Later, another
+replica may have made an object of that id again (ids derived from names).
+
 The memory is bounded and expires with the lifecycle (SpecState.lifecycle_ttl): objects
 deleted longer ago, and refusals older than that, are not judged.
 """
@@ -22,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules.engine import CO, MUST, SHOULD, Hooks, Rule, Violation
-from plugproxy.rules.memory import ExpiringMap, ago
+from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -62,6 +68,18 @@ class RecoveryMemory:
 
 def _rules(title: str) -> list[Rule]:
     return [
+        Rule(
+            "csi.deleted-object-answered",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}} errors",
+            "An OK to a call naming a volume or snapshot (or a create's source) whose delete"
+            " answered OK on this socket within the last 15 s, with no create answering that"
+            " id since: the error table prescribes NOT_FOUND for an object that does not exist.",
+            reject_code=None,
+            note="Judged within a leader-election lease of the delete: later, another replica"
+            " may have made an object of the same id again (ids derived from names).",
+        ),
         Rule(
             "csi.retry-deleted-object",
             MUST,
@@ -136,6 +154,30 @@ def _not_found(
             memory = st.part(RecoveryMemory)
             memory.not_found[(call.method.name, key)] = memory.clock()
     return ()
+
+
+def _deleted_answered(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    memory = st.part(RecoveryMemory)
+    if not len(memory.deleted):
+        return
+    rpc = call.method.name
+    key = (
+        f"snapshot:{_id_of(req, 'snapshot_id')}" if rpc == "GetSnapshot" else _object_key(rpc, req)
+    )
+    deleted = memory.deleted.get(key) if key else None
+    if deleted is None:
+        return
+    age = memory.clock() - deleted
+    if age <= HANDOVER:
+        kind = key.partition(":")[0]
+        yield Violation(
+            cs.rule("deleted-object-answered"),
+            "",
+            f"{rpc} answered OK for a {kind} whose delete answered OK on this socket"
+            f" ({ago(age)}); the spec prescribes NOT_FOUND for an object that does not exist",
+        )
 
 
 def _retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
@@ -254,11 +296,17 @@ def hooks(title: str, v1: bool) -> Hooks:
         request_checks["DeleteVolume"] = (_delete_retry,)
         on_error["DeleteVolume"] = (_delete_refused,)
         on_error["ControllerExpandVolume"] = (_not_found, _expand_refused)
+    # OK answers that name a deleted object where the table prescribes NOT_FOUND. CSI v1.12
+    # lets ControllerUnpublishVolume assume an unknown volume unpublished; v0.3 does not.
+    answered = ["CreateVolume", "ControllerPublishVolume", "ValidateVolumeCapabilities"]
+    answered += ["CreateSnapshot", "ControllerGetVolume", "GetSnapshot"] if v1 else []
+    answered += [] if v1 else ["ControllerUnpublishVolume"]
     return Hooks(
         # CSI v0.3's DeleteVolume row names no snapshots, and it has no expansion.
-        rules=tuple(_rules(title) if v1 else _rules(title)[:1]),
+        rules=tuple(_rules(title) if v1 else _rules(title)[:2]),
         request_checks=request_checks,
         on_error=on_error,
+        response_checks={rpc: (_deleted_answered,) for rpc in answered},
         on_success={
             "DeleteVolume": (_volume_deleted,),
             "DeleteSnapshot": (_snapshot_deleted,),

@@ -129,3 +129,36 @@ CASES = [
         party="co",
     ),
 ]
+
+
+def answered_after_delete(
+    spec: str, statements: tuple[str, ...], rpc: str, background: dict[str, Any]
+) -> Case:
+    """The volume's delete answered OK here, then a call naming it answered OK where the
+    table prescribes NOT_FOUND; the twin answers NOT_FOUND."""
+    deleting = Step("DeleteVolume", {"volume_id": "vol-1"})
+    return Case(
+        spec,
+        statements,
+        "csi.deleted-object-answered",
+        breach=(deleting, Step(rpc, REQUESTS[rpc])),
+        twin=(deleting, Step(rpc, REQUESTS[rpc], error=("NOT_FOUND", "no volume vol-1"))),
+        background=background,
+        party="plugin",
+    )
+
+
+CASES += [
+    answered_after_delete(
+        V1,
+        ("ControllerPublishVolume-Errors.2", "Error-Scheme.4"),
+        "ControllerPublishVolume",
+        V1_CONTROLLER,
+    ),
+    answered_after_delete(
+        "csi.v0",
+        ("ControllerUnpublishVolume-Errors.2", "Error-Scheme.3"),
+        "ControllerUnpublishVolume",
+        V0_CONTROLLER,
+    ),
+]
