@@ -532,9 +532,10 @@ def generic_rules(
             (CO,),
             f"{title} §Error Scheme",
             f"After an answer whose recovery says the {caller} MUST NOT retry, or MUST fix"
-            " fields it names first (the capacity range; CSI v1 CreateVolume's arguments after"
-            f" ALREADY_EXISTS), the {caller} called the same RPC for the same object again"
-            " within 10 minutes: at all, or with those fields unchanged.",
+            " fields it names first (the capacity range; after ALREADY_EXISTS the arguments of"
+            " CreateVolume, CreateSnapshot, NodeStageVolume and NodePublishVolume, and in CSI"
+            f" v0.3 of ControllerPublishVolume), the {caller} called the same RPC for the same"
+            " object again within 10 minutes: at all, or with those fields unchanged.",
             reject_code=None,
             note="The object is the one the call is about (its volume, snapshot, bucket or"
             " machine; a CreateVolume's name). An identical re-send is retry-without-change"

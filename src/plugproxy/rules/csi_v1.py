@@ -364,6 +364,28 @@ _VOLUME_ARGUMENTS = FixFirst(
         "volume_content_source",
     ),
 )
+# The ALREADY_EXISTS rows of §CreateSnapshot, §NodeStageVolume and §NodePublishVolume: the
+# existing snapshot, staging or publication is incompatible with these arguments; a retry
+# for the same object keeping them all (new secrets only) keeps the incompatibility.
+_SNAPSHOT_ARGUMENTS = FixFirst(
+    "MUST fix the arguments or use another name before retrying",
+    must_change=("source_volume_id", "parameters"),
+)
+_STAGED_ARGUMENTS = FixFirst(
+    "MUST fix the arguments before retrying",
+    must_change=("staging_target_path", "volume_capability", "publish_context", "volume_context"),
+)
+_NODE_PUBLISHED_ARGUMENTS = FixFirst(
+    "MUST fix the arguments before retrying",
+    must_change=(
+        "target_path",
+        "staging_target_path",
+        "volume_capability",
+        "readonly",
+        "publish_context",
+        "volume_context",
+    ),
+)
 
 # The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
 # recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
@@ -376,12 +398,12 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "CreateVolume": {"ALREADY_EXISTS": _VOLUME_ARGUMENTS, "OUT_OF_RANGE": _RANGE},
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
     "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"
-    "CreateSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},
+    "CreateSnapshot": {"ALREADY_EXISTS": _SNAPSHOT_ARGUMENTS},
     "DeleteSnapshot": {"INVALID_ARGUMENT": None},  # part of a group: "SHOULD stop calling"
     "ControllerExpandVolume": {"INVALID_ARGUMENT": None, "OUT_OF_RANGE": _RANGE},  # MAY
-    "NodeStageVolume": {"ALREADY_EXISTS": _ARGUMENTS},
+    "NodeStageVolume": {"ALREADY_EXISTS": _STAGED_ARGUMENTS},
     "NodePublishVolume": {
-        "ALREADY_EXISTS": _ARGUMENTS,
+        "ALREADY_EXISTS": _NODE_PUBLISHED_ARGUMENTS,
         "FAILED_PRECONDITION": FixFirst(
             "MUST stage the volume first and retry with a valid staging_target_path",
             staging_path_missing,

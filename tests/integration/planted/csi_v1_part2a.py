@@ -857,3 +857,57 @@ relative(
     _STATS,
     stats_answer(),
 )
+
+
+# -- ALREADY_EXISTS: a retry that keeps every argument, new secrets only -------------------
+def unfixed(
+    statements: tuple[str, ...],
+    rpc: str,
+    request: dict[str, Any],
+    fixed: dict[str, Any],
+    answer: Any,
+    bg: dict,
+) -> None:
+    """Refused ALREADY_EXISTS, then sent for the same object with only its secrets changed;
+    twin: one of the arguments the incompatibility may lie in changed too."""
+    refused = ("ALREADY_EXISTS", "exists, incompatible")
+    case(
+        statements,
+        "csi.retry-unfixed",
+        (
+            Step(rpc, request, error=refused),
+            Step(rpc, {**request, "secrets": {"token": "rotated"}}, error=refused),
+        ),
+        (
+            Step(rpc, request, error=refused),
+            Step(rpc, {**fixed, "secrets": {"token": "rotated"}}, answer=answer),
+        ),
+        bg,
+        "co",
+    )
+
+
+unfixed(
+    ("CreateSnapshot-Errors.4",),
+    "CreateSnapshot",
+    take(),
+    {**take(), "parameters": {"class": "crash-consistent"}},
+    {"snapshot": snapshot()},
+    SNAPSHOTS,
+)
+unfixed(
+    ("NodeStageVolume-Errors.5",),
+    "NodeStageVolume",
+    stage_request(),
+    {**stage_request(), "volume_capability": RWX},
+    {},
+    STAGED,
+)
+unfixed(
+    ("NodePublishVolume-Errors.5",),
+    "NodePublishVolume",
+    _NP,
+    {**_NP, "readonly": True},
+    {},
+    UNSTAGED,
+)
