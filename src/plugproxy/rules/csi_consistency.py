@@ -442,7 +442,12 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
             f"{title} §NodePublishVolume",
             "A second NodePublishVolume the second-publish table answers with an error was"
             " answered OK: the same target_path with another volume_capability"
-            + (", or another target_path of a SINGLE_NODE_SINGLE_WRITER volume." if v1 else "."),
+            + (
+                ", or another target_path of a SINGLE_NODE_SINGLE_WRITER volume (answered"
+                " ALREADY_EXISTS there too: the table answers FAILED_PRECONDITION)."
+                if v1
+                else "."
+            ),
             reject_code=None,
             note="For a different volume_capability at the same target_path the text says"
             " FAILED_PRECONDITION and the table ALREADY_EXISTS: either is accepted, OK is not."
@@ -1243,6 +1248,30 @@ class ConsistencyChecks:
                 " answered OK; the second-publish table answers FAILED_PRECONDITION",
             )
 
+    def node_publish_error(
+        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+    ) -> Iterable[Violation]:
+        """CSI v1.12 §NodePublishVolume: the second-publish table answers another
+        target_path of a SINGLE_NODE_SINGLE_WRITER volume with FAILED_PRECONDITION; the
+        ALREADY_EXISTS row is for the same target_path."""
+        if not self.f.v1 or code != "ALREADY_EXISTS":
+            return
+        if _mode_name(req.volume_capability) != "SINGLE_NODE_SINGLE_WRITER":
+            return
+        vol = _mem(st).volumes.get(req.volume_id)
+        if vol is None or not vol.targets or _norm(req.target_path) in vol.targets:
+            return
+        latest = max(t.at for t in vol.targets.values())
+        yield Violation(
+            cs.rule("republish-answer"),
+            "",
+            "a second NodePublishVolume of a SINGLE_NODE_SINGLE_WRITER volume at another"
+            f" target_path (published at {len(vol.targets)} since"
+            f" {ago(_mem(st).clock() - latest)}) was answered ALREADY_EXISTS, the row for the"
+            " same target_path; the second-publish table answers FAILED_PRECONDITION",
+            party=PLUGIN,
+        )
+
     def staged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if not req.volume_id:
             return
@@ -1914,7 +1943,7 @@ def hooks(title: str, v1: bool) -> Hooks:
         "ControllerUnpublishVolume": (c.controller_unpublish_error,),
         "NodeStageVolume": (c.not_controller_published,),
         "NodeUnstageVolume": (c.node_unstage_error,),
-        "NodePublishVolume": (c.not_controller_published,),
+        "NodePublishVolume": (c.not_controller_published, c.node_publish_error),
         "NodeUnpublishVolume": (c.node_unpublish_error,),
         "ListVolumes": (c.list_error,),
         "ListSnapshots": (c.list_error,),

@@ -911,3 +911,29 @@ unfixed(
     {},
     UNSTAGED,
 )
+
+# The table's FAILED_PRECONDITION for another target path of a single-writer volume
+# answered with the ALREADY_EXISTS row, which is for the same target path.
+case(
+    ("NodePublishVolume.7", "NodePublishVolume.8"),
+    "csi.republish-answer",
+    (
+        Step("NodePublishVolume", _SINGLE, answer={}),
+        Step(
+            "NodePublishVolume",
+            {**_SINGLE, "target_path": OTHER_TARGET},
+            error=("ALREADY_EXISTS", "published elsewhere"),
+        ),
+    ),
+    (
+        Step("NodePublishVolume", _SINGLE, answer={}),
+        Step(
+            "NodePublishVolume",
+            {**_SINGLE, "target_path": OTHER_TARGET},
+            error=("FAILED_PRECONDITION", "single writer already published"),
+        ),
+    ),
+    UNSTAGED,
+    "plugin",
+    variant="single-writer-code",
+)
