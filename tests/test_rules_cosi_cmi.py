@@ -397,6 +397,32 @@ async def test_cmi_get_volume_ids_repeated_answers_the_same_ids():
     assert flagged not in await h.call("GetVolumeIDs", pv, {"VolumeIDs": ["vol-4"]})
 
 
+async def test_cmi_machine_status_refused_as_invalid_after_an_identical_ok():
+    # CMI v1 §GetMachineStatus: the read MUST be idempotent.
+    h = Harness("cmi.v1")
+    flagged = ("cmi.not-idempotent", "plugin")
+    req = {"MachineName": "m-1", "ProviderSpec": b"spec", "ProviderID": "p-1"}
+    ids = {"ProviderID": "p-1", "NodeName": "node-1"}
+    assert flagged not in await h.call(
+        "GetMachineStatus", req, code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert flagged not in await h.call("GetMachineStatus", req, ids)
+    h.clock.now += 20
+    assert flagged not in await h.call("GetMachineStatus", req, code=grpc.StatusCode.UNAVAILABLE)
+    assert flagged not in await h.call("GetMachineStatus", req, code=NOT_FOUND)
+    assert flagged in await h.call("GetMachineStatus", req, code=grpc.StatusCode.INVALID_ARGUMENT)
+    assert "20s ago" in h.messages[-1] and "m-1" not in h.messages[-1]
+    # another request (rotated secrets), or the same one long after: not judged
+    other = {**req, "Secrets": {"token": b"new"}}
+    assert flagged not in await h.call(
+        "GetMachineStatus", other, code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+    h.clock.now += 601
+    assert flagged not in await h.call(
+        "GetMachineStatus", req, code=grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
 async def test_cmi_empty_volume_ids_are_advisory():
     h = Harness("cmi.v1")
     pv = {"PVSpecList": b"[]"}

@@ -217,7 +217,9 @@ RULES = (
         "CMI-Client",
         "CMI adds OUT_OF_RANGE for CreateMachine (the ProviderSpec asked for resources"
         " outside the valid range a moment ago valid); not ALREADY_EXISTS, as a VM can be"
-        " changed at the provider.",
+        " changed at the provider. GetMachineStatus (a read that MUST be idempotent too)"
+        " is judged when it answers INVALID_ARGUMENT to a request identical to one it"
+        " answered OK within 10 minutes.",
         backoff=False,  # §Error Scheme: "after configured back off", any strategy
     ),
 )
@@ -297,6 +299,10 @@ class MachineMemory:
         self.volume_ids: ExpiringMap[bytes, tuple[bytes, float]] = ExpiringMap(
             st.max_volumes, VOLUME_IDS_TTL, st.clock
         )
+        # GetMachineStatus request digest -> when an identical request was last answered OK
+        self.statuses: ExpiringMap[bytes, float] = ExpiringMap(
+            st.max_volumes, VOLUME_IDS_TTL, st.clock
+        )
         # the last GetPluginInfo answer: (digest of name and version, when)
         self.info: tuple[bytes, float] | None = None
         # capability answers since that GetPluginInfo answer, not yet confirmed by the next
@@ -366,12 +372,29 @@ def _forget_machine(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> It
     return ()
 
 
+def _status_answered(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    st.part(MachineMemory).statuses[message_digest(req)] = st.clock()
+
+
 def _status_error(
     cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
 ) -> Iterable[Violation]:
+    mem = st.part(MachineMemory)
     if code == "NOT_FOUND" and req.MachineName:  # the VM is gone: a new one is legitimate
-        st.part(MachineMemory).machines.pop(req.MachineName, None)
-    return ()
+        mem.machines.pop(req.MachineName, None)
+    if code != "INVALID_ARGUMENT":
+        return
+    # An identical request answered OK a moment ago was no invalid request: a read that
+    # MUST be idempotent does not turn it into one. Other codes may say the VM changed.
+    when = mem.statuses.get(message_digest(req))
+    if when is not None:
+        yield Violation(
+            cs.rule("not-idempotent"),
+            "",
+            "GetMachineStatus answered INVALID_ARGUMENT to a request identical to one it"
+            f" answered OK {ago(st.clock() - when)}",
+            party=PLUGIN,
+        )
 
 
 def _delete_error(
@@ -505,6 +528,7 @@ TABLE = SpecTable(
         "ListMachines": (_secret_values,),
     },
     on_error={"GetMachineStatus": (_status_error,), "DeleteMachine": (_delete_error,)},
+    on_success={"GetMachineStatus": (_status_answered,)},
     fix_first=FIX_FIRST,
     state_changes=STATE_CHANGES,
 )
