@@ -431,3 +431,73 @@ for _rpc, _request in (
         _rpc,
         party="plugin",
     )
+
+# -- more limits and name forms: other fields, other messages ---------------------------------
+add(
+    ("Size-Limits.1",),
+    "cosi.size-limit",
+    (Step("DriverCreateBucket", create(), answer=created(info={"s3": {"region": "r" * 129}})),),
+    (Step("DriverCreateBucket", create(), answer=created(info={"s3": {"region": "r" * 128}})),),
+    "bucket-info-region",
+    party="plugin",
+    why="a string nested in the bucket_info of 129 bytes",
+)
+add(
+    ("Size-Limits.1",),
+    "cosi.size-limit",
+    (
+        Step(
+            "DriverGrantBucketAccess",
+            grant(),
+            answer={"account_id": ACCOUNT, "credentials": {"s3": {"secrets": _BIG}}},
+        ),
+    ),
+    (
+        Step(
+            "DriverGrantBucketAccess",
+            grant(),
+            answer={"account_id": ACCOUNT, "credentials": {"s3": {"secrets": _FITS}}},
+        ),
+    ),
+    "secrets-map",
+    party="plugin",
+    why="a credentials secrets map over 4 KiB",
+)
+add(
+    ("Size-Limits.1",),
+    "cosi.size-limit",
+    (Step("DriverDeleteBucket", {"bucket_id": BUCKET, "delete_context": _BIG}),),
+    (Step("DriverDeleteBucket", {"bucket_id": BUCKET, "delete_context": _FITS}),),
+    "delete-context",
+    party="co",
+    why="a delete_context over 4 KiB",
+)
+add(
+    ("Size-Limits.1",),
+    "cosi.size-limit",
+    (
+        Step(
+            "DriverGrantBucketAccess",
+            grant(name="a" * 129),
+            error=("INVALID_ARGUMENT", "access name too long"),
+        ),
+    ),
+    (Step("DriverGrantBucketAccess", grant(name="a" * 128), answer=granted()),),
+    "access-name",
+    party="co",
+    why="an access name of 129 bytes",
+)
+for _variant, _bad, _good in (
+    ("empty-label", "cosi..example.com", "cosi.x.example.com"),
+    ("label-dash", "cosi.-example.com", "cosi.x-example.com"),
+):
+    add(
+        ("RPC-Interface.4",),
+        "cosi.plugin-name-format",
+        (Step("DriverGetInfo", answer={"name": _bad}),),
+        (Step("DriverGetInfo", answer={"name": _good}),),
+        _variant,
+        party="plugin",
+        why="a name whose characters statement 6 allows but whose labels domain name notation"
+        " does not",
+    )
