@@ -171,6 +171,37 @@ async def test_cosi_create_with_other_parameters_answered_ok():
     assert not await cosi_create(h, "bucket-2", "id-2", y="2", x="1")
 
 
+async def test_cosi_create_resent_unchanged_after_already_exists():
+    # COSI v1alpha1 §DriverCreateBucket errors: ALREADY_EXISTS, the caller MUST fix the
+    # arguments or the name; judged only when the name was seen created with other parameters.
+    h = Harness("cosi.v1alpha1")
+    flagged = ("cosi.retry-without-change", "co")
+    cold = {"name": "bucket-1", "parameters": {"tier": "cold"}}
+    exists = grpc.StatusCode.ALREADY_EXISTS
+    # never seen created: may be §Concurrency's repeat of a create that succeeded
+    assert flagged not in await h.call("DriverCreateBucket", cold, code=exists)
+    assert flagged not in await h.call("DriverCreateBucket", cold, code=exists)
+    await cosi_create(h, "bucket-1", "id-1", tier="hot")
+    assert flagged not in await h.call("DriverCreateBucket", cold, code=exists)
+    h.clock.now += 5
+    assert flagged in await h.call("DriverCreateBucket", cold, code=exists)
+    assert "5s ago" in h.messages[-1] and "bucket-1" not in h.messages[-1]
+    # fixed: another name, or the parameters of the bucket
+    assert flagged not in await cosi_create(h, "bucket-2", "id-2", tier="cold")
+    assert flagged not in await cosi_create(h, "bucket-1", "id-1", tier="hot")
+    h.clock.now += 601  # the last refusal forgotten
+    # a delete sent since the refusal: the name may be free again
+    assert flagged not in await h.call("DriverCreateBucket", cold, code=exists)  # (refused)
+    await h.call("DriverDeleteBucket", {"bucket_id": "id-1"}, {})
+    assert flagged not in await h.call("DriverCreateBucket", cold, code=exists)
+    # long after the refusal: not judged
+    await cosi_create(h, "bucket-3", "id-3", tier="hot")
+    other = {"name": "bucket-3", "parameters": {"tier": "cold"}}
+    assert flagged not in await h.call("DriverCreateBucket", other, code=exists)
+    h.clock.now += 601
+    assert flagged not in await h.call("DriverCreateBucket", other, code=exists)
+
+
 async def test_cosi_messages_never_quote_names_ids_or_parameters():
     h = Harness("cosi.v1alpha1")
     await cosi_create(h, "secret-bucket-name", "secret-id-1", token="hunter2")

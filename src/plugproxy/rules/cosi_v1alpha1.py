@@ -199,7 +199,7 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
         "INVALID_ARGUMENT": None,
         "OUT_OF_RANGE": FixFirst("MUST fix the attributes before retrying"),
         # ALREADY_EXISTS "MUST fix the arguments", but §Concurrency lets a repeat of a call
-        # that succeeded get it too: an unchanged retry is not judged.
+        # that succeeded get it too: an unchanged retry is judged only by _create_sent.
     },
 }
 
@@ -258,6 +258,9 @@ class _Seen:
     context: bytes = b""  # digest of the successful delete's delete_context
 
 
+CONFLICT_TTL = 600.0  # an unchanged re-send after ALREADY_EXISTS is judged this long
+
+
 class BucketMemory:
     """What this proxy saw of buckets, bounded and forgotten after an hour untouched."""
 
@@ -276,6 +279,11 @@ class BucketMemory:
         )
         self.accounts: ExpiringMap[tuple[str, str], str] = ExpiringMap(
             st.max_volumes, HANDOVER, st.clock
+        )
+        # (bucket name, parameters digest) -> when DriverCreateBucket answered ALREADY_EXISTS
+        # while the name was seen created with other parameters
+        self.conflicts: ExpiringMap[tuple[str, bytes], float] = ExpiringMap(
+            st.max_volumes, CONFLICT_TTL, st.clock
         )
         self.clock = st.clock
 
@@ -349,6 +357,44 @@ def _revoke_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Itera
     if name is not None:
         mem.grants.pop((req.bucket_id, name), None)
     return ()
+
+
+def _conflicting(mem: BucketMemory, req: Any) -> tuple[str, bytes] | None:
+    """The key of a create whose name this proxy saw created with other parameters."""
+    params = map_digest(req.parameters)
+    prev = mem.created.get(req.name) if req.name else None
+    if prev is None or prev.parameters == params:
+        return None
+    return (req.name, params)
+
+
+def _create_refused(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
+) -> Iterable[Violation]:
+    if code == "ALREADY_EXISTS":
+        mem = st.part(BucketMemory)
+        key = _conflicting(mem, req)
+        if key is not None:
+            mem.conflicts[key] = mem.clock()
+    return ()
+
+
+def _create_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    # §DriverCreateBucket errors: after ALREADY_EXISTS the caller MUST fix the arguments or
+    # the name. An unchanged re-send is judged only when the refusal was the answer the
+    # name's bucket called for (created here with other parameters, no delete sent since),
+    # so it cannot be §Concurrency's repeat of a create that succeeded.
+    mem = st.part(BucketMemory)
+    key = _conflicting(mem, req)
+    when = mem.conflicts.pop(key, None) if key is not None else None
+    if when is not None:
+        yield Violation(
+            cs.rule("retry-without-change"),
+            "",
+            "DriverCreateBucket re-sent unchanged after it was answered ALREADY_EXISTS"
+            f" {ago(mem.clock() - when)} for a name created with other parameters; the"
+            " caller MUST fix the arguments or the name first",
+        )
 
 
 def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
@@ -440,11 +486,12 @@ TABLE = SpecTable(
         "DriverGrantBucketAccess": (_granted,),
     },
     request_checks={
+        "DriverCreateBucket": (_create_sent,),
         "DriverDeleteBucket": (_delete_sent,),
         "DriverRevokeBucketAccess": (_revoke_sent,),
     },
     on_success={"DriverDeleteBucket": (_deleted,)},
-    on_error={"DriverDeleteBucket": (_delete_error,)},
+    on_error={"DriverCreateBucket": (_create_refused,), "DriverDeleteBucket": (_delete_error,)},
     fix_first=FIX_FIRST,
     fix_first_rpc=FIX_FIRST_RPC,
     backoff=frozenset({"ABORTED"}),  # §Error Scheme: "retry with exponential back off"

@@ -382,6 +382,39 @@ CASES = [
     ),
     Case(
         SPEC,
+        ("CreateBucket-Errors.6",),
+        "cosi.retry-without-change",
+        breach=(
+            Step("DriverCreateBucket", CREATE, answer=BUCKET),
+            Step(
+                "DriverCreateBucket",
+                {**CREATE, "parameters": {"tier": "cold"}},
+                error=("ALREADY_EXISTS", "tier differs"),
+            ),
+            Step(
+                "DriverCreateBucket",
+                {**CREATE, "parameters": {"tier": "cold"}},
+                error=("ALREADY_EXISTS", "tier differs"),
+            ),
+        ),
+        twin=(
+            Step("DriverCreateBucket", CREATE, answer=BUCKET),
+            Step(
+                "DriverCreateBucket",
+                {**CREATE, "parameters": {"tier": "cold"}},
+                error=("ALREADY_EXISTS", "tier differs"),
+            ),
+            Step(
+                "DriverCreateBucket",
+                {**CREATE, "name": "bucket-claim-2", "parameters": {"tier": "cold"}},
+                answer={**BUCKET, "bucket_id": "bucket-2"},
+            ),
+        ),
+        party="co",
+        why="refused for a name created with other parameters, sent again unchanged",
+    ),
+    Case(
+        SPEC,
         ("Error-Scheme.10",),
         "cosi.retry-while-pending",
         breach=(
