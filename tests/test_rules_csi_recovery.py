@@ -110,3 +110,40 @@ def test_an_ok_for_a_snapshot_deleted_here_is_found(monkeypatch: pytest.MonkeyPa
     snap = {"snapshot_id": "snap-1", "source_volume_id": "v", "ready_to_use": True}
     assert ANSWERED in p.ids("GetSnapshot", {"snapshot_id": "snap-1"}, {"snapshot": snap})
     assert ANSWERED not in p.ids("GetSnapshot", {"snapshot_id": "snap-1"}, {}, "NOT_FOUND")
+
+
+REUSED, VOLUME_REUSED = "csi.name-reused", "csi.volume-name-reused"
+
+
+def test_a_snapshot_name_reused_for_another_source_within_a_lease_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {REUSED})
+    p = Proxy()
+
+    def snap(source: str, sid: str) -> set[str]:
+        made = {"snapshot_id": sid, "source_volume_id": source, "ready_to_use": True}
+        return p.ids(
+            "CreateSnapshot", {"name": "s1", "source_volume_id": source}, {"snapshot": made}
+        )
+
+    assert REUSED not in snap("vol-1", "snap-1")
+    assert REUSED not in snap("vol-1", "snap-1")  # the same snapshot again: idempotent
+    assert REUSED in snap("vol-2", "snap-2")
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-2"})
+    assert REUSED not in snap("vol-3", "snap-3")  # the name's snapshot was deleted
+    p.clock.now += 16
+    assert REUSED not in snap("vol-4", "snap-4")  # a lease later: another replica's doing
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_a_second_volume_for_a_name_is_advised_against_in_v1_only(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {VOLUME_REUSED})
+    p = Proxy(spec)
+    p.create("vol-1", name="pvc-1")
+    other = {"capacity_range": {"required_bytes": 5 << 30}}
+    found = p.create("vol-2", name="pvc-1", **other)
+    assert (VOLUME_REUSED in found) is (spec == "csi.v1")
+    assert VOLUME_REUSED not in p.create("vol-2", name="pvc-1", **other)  # the same again

@@ -19,6 +19,12 @@ leader-election lease (:data:`HANDOVER`), and with no create answering that id s
 where the table prescribes NOT_FOUND (``csi.deleted-object-answered``). Later, another
 replica may have made an object of that id again (ids derived from names).
 
+The same holds for a name: an OK to CreateSnapshot or CreateVolumeGroupSnapshot reusing a
+name this socket saw answered within a lease for other sources, with another id and no
+delete of the first seen, where the ALREADY_EXISTS row prescribes a refusal
+(``csi.name-reused``); for CreateVolume, which a plugin may answer for compatible
+arguments, a second volume for one name is the SHOULD ``csi.volume-name-reused``.
+
 The memory is bounded and expires with the lifecycle (SpecState.lifecycle_ttl): objects
 deleted longer ago, and refusals older than that, are not judged.
 """
@@ -61,6 +67,10 @@ class RecoveryMemory:
         self.snapshots: ExpiringMap[str, str] = ExpiringMap(n, ttl, st.clock)
         # volume id -> when DeleteVolume answered FAILED_PRECONDITION
         self.in_use: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
+        # (create rpc, name) -> (digest of its arguments, the id it answered, when)
+        self.names: ExpiringMap[tuple[str, str], tuple[bytes, str, float]] = ExpiringMap(
+            n, ttl, st.clock
+        )
         # volume id -> when ControllerExpandVolume answered FAILED_PRECONDITION, while no
         # ControllerUnpublishVolume of it answered OK since
         self.expand_refused: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
@@ -68,6 +78,31 @@ class RecoveryMemory:
 
 def _rules(title: str) -> list[Rule]:
     return [
+        Rule(
+            "csi.name-reused",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}} errors",
+            "CreateSnapshot or CreateVolumeGroupSnapshot answered OK with another id for a name"
+            " this socket saw answered within the last 15 s for other sources, with no delete"
+            " of that one seen: the ALREADY_EXISTS row prescribes a refusal.",
+            reject_code=None,
+            note="Judged within a leader-election lease of the first answer: later, another"
+            " replica may have deleted the first and made the second legitimately.",
+        ),
+        Rule(
+            "csi.volume-name-reused",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume answered OK with another volume for a name this socket saw answered"
+            " within the last 15 s with other arguments, with no delete of the first seen: a"
+            " second piece of storage for one name.",
+            reject_code=None,
+            note="Whether the other arguments are compatible with the first volume is the"
+            " plugin's judgement, so answering the first volume is allowed; making a second"
+            " one is not. Judged within a leader-election lease of the first answer.",
+        ),
         Rule(
             "csi.deleted-object-answered",
             MUST,
@@ -204,6 +239,89 @@ def _retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Vi
 # -- bookkeeping on success -----------------------------------------------------------------
 
 
+# The arguments a create names and its ALREADY_EXISTS row compares, by RPC.
+_NAME_ARGUMENTS = {
+    "CreateVolume": (
+        "capacity_range",
+        "volume_capabilities",
+        "parameters",
+        "accessibility_requirements",
+        "volume_content_source",
+    ),
+    "CreateSnapshot": ("source_volume_id", "parameters"),
+    "CreateVolumeGroupSnapshot": ("source_volume_ids", "parameters"),
+}
+
+
+def _arguments(req: Any, names: tuple[str, ...]) -> bytes:
+    parts = []
+    fields = req.DESCRIPTOR.fields_by_name
+    for name in names:
+        if name not in fields:
+            continue
+        value = getattr(req, name)
+        fd = fields[name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            parts.append(repr(sorted(value.items())))
+        elif fd.is_repeated and fd.message_type is None:
+            parts.append(repr(sorted(value)))  # an order of sources is no other argument
+        elif fd.is_repeated:
+            parts.append(repr([v.SerializeToString(deterministic=True) for v in value]))
+        elif fd.message_type is not None:
+            parts.append(repr(value.SerializeToString(deterministic=True)))
+        else:
+            parts.append(repr(value))
+    return "\x00".join(parts).encode()
+
+
+def _made(rpc: str, resp: Any) -> tuple[str, str]:
+    """(object key kind, id) a create's answer made."""
+    if rpc == "CreateVolume":
+        return "volume", _id_of(resp.volume, "volume_id", "id") if resp.HasField("volume") else ""
+    if rpc == "CreateSnapshot":
+        return "snapshot", _id_of(resp.snapshot, "snapshot_id", "id") if resp.HasField(
+            "snapshot"
+        ) else ""
+    group = resp.group_snapshot if resp.HasField("group_snapshot") else None
+    return "group", group.group_snapshot_id if group is not None else ""
+
+
+def _name_reused(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    rpc = call.method.name
+    kind, made = _made(rpc, resp)
+    if not made or not req.name:
+        return
+    memory = st.part(RecoveryMemory)
+    now = memory.clock()
+    arguments = _arguments(req, _NAME_ARGUMENTS[rpc])
+    earlier = memory.names.get((rpc, req.name))
+    memory.names[(rpc, req.name)] = (arguments, made, now)
+    if earlier is None:
+        return
+    first_arguments, first, when = earlier
+    deleted = memory.deleted.get(f"{kind}:{first}")
+    if first == made or first_arguments == arguments or now - when > HANDOVER:
+        return
+    if deleted is not None and deleted >= when:
+        return
+    rule = cs.find("volume-name-reused" if rpc == "CreateVolume" else "name-reused")
+    if rule is None:
+        return  # CSI v0.3 states nothing of one volume per name
+    yield Violation(
+        rule,
+        "name",
+        f"{rpc} answered OK with another {kind} for a name answered {ago(now - when)} with"
+        f" other arguments, and no delete of that {kind} was seen",
+    )
+
+
+def _group_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
+    memory = st.part(RecoveryMemory)
+    memory.deleted[f"group:{req.group_snapshot_id}"] = memory.clock()
+
+
 def _volume_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
     memory = st.part(RecoveryMemory)
     memory.deleted[f"volume:{req.volume_id}"] = memory.clock()
@@ -286,6 +404,13 @@ def _expand_refused(
         )
 
 
+# CSI v0.3 has no expansion, no snapshots named in DeleteVolume's row and no statement on
+# one piece of storage per name.
+_V0_RULES = frozenset(
+    {"csi.name-reused", "csi.deleted-object-answered", "csi.retry-deleted-object"}
+)
+
+
 def hooks(title: str, v1: bool) -> Hooks:
     """The family for the CSI version cited as ``title`` (v0.3 has no expansion)."""
     v1_only = ("ControllerExpandVolume", "ControllerGetVolume", "ControllerModifyVolume")
@@ -301,17 +426,24 @@ def hooks(title: str, v1: bool) -> Hooks:
     answered = ["CreateVolume", "ControllerPublishVolume", "ValidateVolumeCapabilities"]
     answered += ["CreateSnapshot", "ControllerGetVolume", "GetSnapshot"] if v1 else []
     answered += [] if v1 else ["ControllerUnpublishVolume"]
+    response_checks: dict[str, tuple[Any, ...]] = {rpc: (_deleted_answered,) for rpc in answered}
+    creates = ["CreateVolume", "CreateSnapshot"] + (["CreateVolumeGroupSnapshot"] if v1 else [])
+    for rpc in creates:
+        response_checks[rpc] = (*response_checks.get(rpc, ()), _name_reused)
+    success: dict[str, tuple[Any, ...]] = {
+        "DeleteVolume": (_volume_deleted,),
+        "DeleteSnapshot": (_snapshot_deleted,),
+        "CreateVolume": (_volume_created,),
+        "CreateSnapshot": (_snapshot_created,),
+        "ControllerUnpublishVolume": (_unpublished,),
+    }
+    if v1:
+        success["DeleteVolumeGroupSnapshot"] = (_group_deleted,)
     return Hooks(
         # CSI v0.3's DeleteVolume row names no snapshots, and it has no expansion.
-        rules=tuple(_rules(title) if v1 else _rules(title)[:2]),
+        rules=tuple(r for r in _rules(title) if v1 or r.id in _V0_RULES),
         request_checks=request_checks,
         on_error=on_error,
-        response_checks={rpc: (_deleted_answered,) for rpc in answered},
-        on_success={
-            "DeleteVolume": (_volume_deleted,),
-            "DeleteSnapshot": (_snapshot_deleted,),
-            "CreateVolume": (_volume_created,),
-            "CreateSnapshot": (_snapshot_created,),
-            "ControllerUnpublishVolume": (_unpublished,),
-        },
+        response_checks=response_checks,
+        on_success=success,
     )

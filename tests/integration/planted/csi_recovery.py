@@ -162,3 +162,56 @@ CASES += [
         V0_CONTROLLER,
     ),
 ]
+
+
+def snapshot_made(source: str, sid: str) -> Step:
+    return Step(
+        "CreateSnapshot",
+        {"name": "snap-a", "source_volume_id": source},
+        answer={
+            "snapshot": {
+                "snapshot_id": sid,
+                "source_volume_id": source,
+                "ready_to_use": True,
+                "creation_time": {"seconds": 1_700_000_000},
+            }
+        },
+    )
+
+
+def volume_made(vid: str, gib: int) -> Step:
+    return Step(
+        "CreateVolume",
+        {
+            "name": "pvc-a",
+            "volume_capabilities": [RWO],
+            "capacity_range": {"required_bytes": gib << 30},
+        },
+        answer={"volume": {"volume_id": vid, "capacity_bytes": gib << 30}},
+    )
+
+
+CASES += [
+    Case(
+        V1,
+        ("CreateSnapshot-Errors.2", "Error-Scheme.4"),
+        "csi.name-reused",
+        breach=(snapshot_made("vol-1", "snap-1"), snapshot_made("vol-2", "snap-2")),
+        twin=(
+            snapshot_made("vol-1", "snap-1"),
+            Step("DeleteSnapshot", {"snapshot_id": "snap-1"}),
+            snapshot_made("vol-2", "snap-2"),
+        ),
+        background=V1_CONTROLLER,
+        party="plugin",
+    ),
+    Case(
+        V1,
+        ("CreateVolume.9",),
+        "csi.volume-name-reused",
+        breach=(volume_made("vol-1", 1), volume_made("vol-2", 2)),
+        twin=(volume_made("vol-1", 1), volume_made("vol-1", 2)),  # the first, judged compatible
+        background=V1_CONTROLLER,
+        party="plugin",
+    ),
+]
