@@ -501,3 +501,23 @@ for _variant, _bad, _good in (
         why="a name whose characters statement 6 allows but whose labels domain name notation"
         " does not",
     )
+
+_REVOKE_REQUEST = {"bucket_id": BUCKET, "account_id": "account-000007"}
+add(
+    ("Error-Scheme.10",),
+    "cosi.retry-while-pending",
+    (
+        Step("DriverRevokeBucketAccess", _REVOKE_REQUEST, hold=0.6, pending=True),
+        Step("DriverGrantBucketAccess", grant(), error=_ABORTED, pending=True),
+        Step("DriverRevokeBucketAccess", _REVOKE_REQUEST, hold=0.6, pending=True),
+        Step("DriverGrantBucketAccess", grant(), answer=granted(), wait=0.7),
+    ),
+    (
+        Step("DriverRevokeBucketAccess", _REVOKE_REQUEST, hold=0.2, pending=True),
+        Step("DriverGrantBucketAccess", grant(), error=_ABORTED, pending=True),
+        Step("DriverGrantBucketAccess", grant(), answer=granted(), wait=0.7),
+    ),
+    "other-rpc-in-flight",
+    party="co",
+    why="a grant retried after ABORTED while a revoke on the same bucket is in flight",
+)
