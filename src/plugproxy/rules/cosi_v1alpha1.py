@@ -193,6 +193,9 @@ FIX_FIRST = {
     "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
 }
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    # The COSI system asks DriverGetInfo once, at its start, and polls nothing: a re-send
+    # on the connection that got UNIMPLEMENTED is the same caller's retry.
+    "DriverGetInfo": {"UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=())},
     "DriverCreateBucket": {
         # "Caller should retry call with corrected parameter values" (lower case), and the
         # row covers a parameter check on the backend.

@@ -415,6 +415,24 @@ CASES = [
     ),
     Case(
         SPEC,
+        ("Error-Scheme.11",),
+        "cosi.retry-without-change",
+        breach=(
+            Step("DriverGetInfo", error=("UNIMPLEMENTED", "not served")),
+            Step("DriverGetInfo", error=("UNIMPLEMENTED", "not served")),
+        ),
+        twin=(
+            Step("DriverGetInfo", error=("UNIMPLEMENTED", "not served")),
+            Step("DriverGetInfo", answer={"name": DRIVER}, new_connection=True),
+        ),
+        party="co",
+        why="asked again on the connection that got UNIMPLEMENTED; the twin's second ask is"
+        " another caller's (a restarted COSI system)",
+        twin_allows=("cosi.unimplemented-advertised",),
+        variant="no-fields",
+    ),
+    Case(
+        SPEC,
         ("Error-Scheme.10",),
         "cosi.retry-while-pending",
         breach=(
