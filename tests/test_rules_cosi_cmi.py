@@ -443,6 +443,7 @@ async def test_cmi_machine_status_refused_as_invalid_after_an_identical_ok():
     assert flagged not in await h.call("GetMachineStatus", req, code=NOT_FOUND)
     assert flagged in await h.call("GetMachineStatus", req, code=grpc.StatusCode.INVALID_ARGUMENT)
     assert "20s ago" in h.messages[-1] and "m-1" not in h.messages[-1]
+    assert flagged in await h.call("GetMachineStatus", req, code=grpc.StatusCode.UNIMPLEMENTED)
     # another request (rotated secrets), or the same one long after: not judged
     other = {**req, "Secrets": {"token": b"new"}}
     assert flagged not in await h.call(

@@ -218,7 +218,8 @@ RULES = (
         "CMI adds OUT_OF_RANGE for CreateMachine (the ProviderSpec asked for resources"
         " outside the valid range a moment ago valid); not ALREADY_EXISTS, as a VM can be"
         " changed at the provider. GetMachineStatus (a read that MUST be idempotent too)"
-        " is judged when it answers INVALID_ARGUMENT to a request identical to one it"
+        " is judged when it answers INVALID_ARGUMENT or UNIMPLEMENTED to a request identical"
+        " to one it"
         " answered OK within 10 minutes.",
         backoff=False,  # §Error Scheme: "after configured back off", any strategy
     ),
@@ -382,16 +383,17 @@ def _status_error(
     mem = st.part(MachineMemory)
     if code == "NOT_FOUND" and req.MachineName:  # the VM is gone: a new one is legitimate
         mem.machines.pop(req.MachineName, None)
-    if code != "INVALID_ARGUMENT":
+    if code not in ("INVALID_ARGUMENT", "UNIMPLEMENTED"):
         return
-    # An identical request answered OK a moment ago was no invalid request: a read that
-    # MUST be idempotent does not turn it into one. Other codes may say the VM changed.
+    # An identical request answered OK a moment ago was no invalid request, and the RPC was
+    # implemented: a read that MUST be idempotent does not turn either around. Other codes
+    # may say the VM changed.
     when = mem.statuses.get(message_digest(req))
     if when is not None:
         yield Violation(
             cs.rule("not-idempotent"),
             "",
-            "GetMachineStatus answered INVALID_ARGUMENT to a request identical to one it"
+            f"GetMachineStatus answered {code} to a request identical to one it"
             f" answered OK {ago(st.clock() - when)}",
             party=PLUGIN,
         )
