@@ -376,7 +376,10 @@ def csi_rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 f"{title} §{{rpc}}",
                 "The CO re-sent an identical DeleteVolumeGroupSnapshot or"
                 " GetVolumeGroupSnapshot within 10 minutes of the plugin answering it"
-                " INVALID_ARGUMENT, whose row for these RPCs advises other snapshot_ids.",
+                " INVALID_ARGUMENT, whose row for these RPCs advises other snapshot_ids; or"
+                " an identical GetMetadataAllocated or GetMetadataDelta after"
+                " INVALID_ARGUMENT or OUT_OF_RANGE, whose rows advise a corrected argument"
+                " or a valid starting_offset.",
                 reject_code=None,
                 note="Reported, never enforced. The row adds a snapshot_ids mismatch to the"
                 " general INVALID_ARGUMENT cases and only advises a change (SHOULD), so the"

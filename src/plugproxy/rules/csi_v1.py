@@ -387,6 +387,15 @@ _NODE_PUBLISHED_ARGUMENTS = FixFirst(
     ),
 )
 
+_METADATA_ROWS: dict[str, FixFirst | None] = {
+    "INVALID_ARGUMENT": FixFirst(
+        "SHOULD correct the argument before resubmitting", rule="retry-advised-unchanged"
+    ),
+    "OUT_OF_RANGE": FixFirst(
+        "SHOULD send a valid starting_offset next", rule="retry-advised-unchanged"
+    ),
+}
+
 # The per-RPC error rows: a fix-first recovery adds the code; None marks a row whose
 # recovery for a general code only advises (SHOULD, MAY, lower case) or asks for a change
 # outside the request, so an unchanged retry is not judged for that RPC and code; a row
@@ -418,8 +427,11 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     # "caller SHOULD use different snapshot_ids": an identical re-send judged at SHOULD.
     "DeleteVolumeGroupSnapshot": {"INVALID_ARGUMENT": _OTHER_SNAPSHOT_IDS},
     "GetVolumeGroupSnapshot": {"INVALID_ARGUMENT": _OTHER_SNAPSHOT_IDS},
-    "GetMetadataAllocated": {"INVALID_ARGUMENT": None},  # "should correct ... and resubmit"
-    "GetMetadataDelta": {"INVALID_ARGUMENT": None},
+    # The SnapshotMetadata rows advise (lower-case "should") correcting the argument, or
+    # sending a valid starting_offset, before the next call: an identical re-send after
+    # either is judged at SHOULD.
+    "GetMetadataAllocated": _METADATA_ROWS,
+    "GetMetadataDelta": _METADATA_ROWS,
 }
 
 # Rows whose recovery says "retry with exponential back off": §Error Scheme's ABORTED for
