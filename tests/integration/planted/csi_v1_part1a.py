@@ -753,7 +753,12 @@ def _caps_differ(statements: tuple[str, ...], rule: str, step: Step, party: str)
 
 
 def _segment_case(
-    statements: tuple[str, ...], rule: str, bad: dict[str, str], good: dict[str, str], why: str
+    statements: tuple[str, ...],
+    rule: str,
+    bad: dict[str, str],
+    good: dict[str, str],
+    why: str,
+    variant: str = "",
 ) -> Case:
     """The plugin answers a volume accessible from a segment map ``bad``; twin: ``good``."""
     return _one(
@@ -765,6 +770,7 @@ def _segment_case(
         TOPOLOGY,
         party="plugin",
         why=why,
+        variant=variant,
     )
 
 
@@ -886,22 +892,35 @@ def _group_answer() -> dict[str, Any]:
     return group()
 
 
-def _stream_case(rpc: str, statement: str, field: str, value: Any, request: dict[str, Any]) -> Case:
-    """A metadata stream whose later message changes ``field`` to ``value``; twin: constant."""
-    first = {
-        "block_metadata_type": "FIXED_LENGTH",
-        "volume_capacity_bytes": 4 * GIB,
-        "block_metadata": [{"byte_offset": 0, "size_bytes": 1 << 20}],
-    }
-    second = {**first, "block_metadata": [{"byte_offset": 1 << 21, "size_bytes": 1 << 20}]}
+def _stream_case(
+    rpc: str,
+    statement: str,
+    field: str,
+    value: Any,
+    request: dict[str, Any],
+    at: int = 1,
+    variant: str = "",
+) -> Case:
+    """A metadata stream of three messages whose message ``at`` changes ``field`` to
+    ``value``; twin: constant."""
+    messages = [
+        {
+            "block_metadata_type": "FIXED_LENGTH",
+            "volume_capacity_bytes": 4 * GIB,
+            "block_metadata": [{"byte_offset": i << 21, "size_bytes": 1 << 20}],
+        }
+        for i in range(3)
+    ]
+    broken = [{**m, field: value} if i == at else m for i, m in enumerate(messages)]
     return Case(
         SPEC,
         (statement,),
         "csi.metadata-stream-changed",
-        breach=(Step(rpc, request, answer=[first, {**second, field: value}]),),
-        twin=(Step(rpc, request, answer=[first, second]),),
+        breach=(Step(rpc, request, answer=broken),),
+        twin=(Step(rpc, request, answer=messages),),
         background=METADATA,
         party="plugin",
+        variant=variant,
     )
 
 
@@ -941,5 +960,298 @@ CASES += [
     ),
     _stream_case(
         "GetMetadataDelta", "GetMetadataDelta.lc4", "volume_capacity_bytes", 8 * GIB, _DELTA
+    ),
+]
+
+# -- variants: the same statements breached another way ---------------------------------------
+_EXPAND_CAPS = rpc_caps("CREATE_DELETE_VOLUME", "EXPAND_VOLUME")
+_GET_VOLUME = controller("CREATE_DELETE_VOLUME", "GET_VOLUME")
+_LIST_VOLUMES = controller("CREATE_DELETE_VOLUME", "LIST_VOLUMES")
+_CLONE = {"volume": {"volume_id": "vol-src"}}
+
+
+def _listed(context: dict[str, str]) -> dict[str, Any]:
+    return {
+        "entries": [
+            {"volume": {"volume_id": VOL, "capacity_bytes": GIB, "volume_context": context}}
+        ]
+    }
+
+
+def _got(context: dict[str, str]) -> dict[str, Any]:
+    return {
+        "volume": {"volume_id": VOL, "capacity_bytes": GIB, "volume_context": context},
+        "status": {},
+    }
+
+
+CASES += [
+    Case(
+        SPEC,
+        ("Error-Scheme.1", "Error-Scheme.2"),
+        "csi.status-code-not-canonical",
+        breach=(Step("DeleteVolume", _DELETE, error=("17", "backend failure")),),
+        twin=(Step("DeleteVolume", _DELETE, error=("INTERNAL", "backend failure")),),
+        background=BG,
+        party="plugin",
+        variant="first-past-canonical",
+        why="17, one past UNAUTHENTICATED (16), the last canonical code",
+    ),
+    _one(
+        ("Secrets-Requirements.1",),
+        "csi.secret-key-format",
+        "DeleteVolume",
+        ({**_DELETE, "secrets": {"tenant/user": "admin"}}, {}),
+        ({**_DELETE, "secrets": {"tenant.user": "admin"}}, {}),
+        party="co",
+        variant="slash-on-delete",
+    ),
+    _one(
+        ("GetPluginInfo.1",),
+        "csi.plugin-name-format",
+        "GetPluginInfo",
+        ({}, {**INFO, "name": "com..example"}),
+        ({}, {**INFO, "name": "com.example"}),
+        party="plugin",
+        variant="empty-label",
+    ),
+    _one(
+        ("GetPluginInfo.3",),
+        "csi.plugin-name-format",
+        "GetPluginInfo",
+        ({}, {**INFO, "name": "com.example." + "p" * 52}),
+        ({}, {**INFO, "name": "com.example." + "p" * 51}),
+        party="plugin",
+        variant="64-characters",
+    ),
+    _one(
+        ("REQUIRED-vs-OPTIONAL.1",),
+        "csi.required-field",
+        "NodeGetInfo",
+        ({}, {"max_volumes_per_node": 8}),
+        ({}, {"node_id": NODE, "max_volumes_per_node": 8}),
+        NODE_ONLY,
+        party="plugin",
+        variant="answer",
+    ),
+    # The proxy learns the capabilities by asking the plugin itself (no CO query before).
+    _one(
+        ("CreateVolume.22",),
+        "csi.topology-requirement-without-capability",
+        "CreateVolume",
+        (create(accessibility_requirements={"requisite": [ZONE_A]}), volume()),
+        (create(), volume()),
+        party="co",
+        variant="proxy-asks",
+    ),
+    _one(
+        ("CreateVolume.58",),
+        "csi.topology-without-capability",
+        "CreateVolume",
+        (create(), volume(accessible_topology=[ZONE_A])),
+        (create(), volume()),
+        party="plugin",
+        variant="proxy-asks",
+    ),
+    _one(
+        ("CreateVolume.24",),
+        "csi.field-without-capability",
+        "CreateVolume",
+        (create(mutable_parameters={"iops": "3000"}), volume()),
+        (create(parameters={"iops": "3000"}), volume()),
+        party="co",
+        variant="proxy-asks",
+    ),
+    _one(
+        ("CreateVolume.11",),
+        "csi.capacity-out-of-range",
+        "CreateVolume",
+        (
+            create(volume_content_source=_CLONE, capacity_range={"required_bytes": 4 * GIB}),
+            volume(capacity_bytes=GIB, content_source=_CLONE),
+        ),
+        (
+            create(volume_content_source=_CLONE, capacity_range={"required_bytes": 4 * GIB}),
+            volume(capacity_bytes=4 * GIB, content_source=_CLONE),
+        ),
+        controller("CREATE_DELETE_VOLUME", "CLONE_VOLUME"),
+        party="plugin",
+        variant="clone",
+        why="a clone returned at its source's size, smaller than the range asked",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.51", "CreateVolume.56"),
+        "csi.volume-context-changed",
+        breach=(_CREATED, Step("ListVolumes", answer=_listed({"share": "pool-b/vol-1"}))),
+        twin=(_CREATED, Step("ListVolumes", answer=_listed(CONTEXT))),
+        background=_LIST_VOLUMES,
+        party="plugin",
+        variant="listed",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.51", "CreateVolume.56"),
+        "csi.volume-context-changed",
+        breach=(
+            _CREATED,
+            Step("ControllerGetVolume", _DELETE, answer=_got({"share": "pool-b/vol-1"})),
+        ),
+        twin=(_CREATED, Step("ControllerGetVolume", _DELETE, answer=_got(CONTEXT))),
+        background=_GET_VOLUME,
+        party="plugin",
+        variant="got",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.57",),
+        "csi.volume-context-mismatch",
+        breach=(
+            _CREATED,
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_context": {"share": "pool-b/vol-1"}},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        twin=(
+            _CREATED,
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_context": CONTEXT},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        background=controller(*_PUBLISH_CAPS),
+        party="co",
+        variant="publish",
+    ),
+    Case(
+        SPEC,
+        ("GetPluginCapabilities.8",),
+        "csi.capabilities-inconsistent",
+        breach=(
+            Step("GetPluginCapabilities", answer=_expansion_caps("ONLINE")),
+            Step("ControllerGetCapabilities", answer=rpc_caps("CREATE_DELETE_VOLUME")),
+            Step("NodeGetCapabilities", answer=rpc_caps("STAGE_UNSTAGE_VOLUME")),
+        ),
+        twin=(
+            Step("GetPluginCapabilities", answer=_expansion_caps("ONLINE")),
+            Step("ControllerGetCapabilities", answer=_EXPAND_CAPS),
+            Step("NodeGetCapabilities", answer=rpc_caps("STAGE_UNSTAGE_VOLUME")),
+        ),
+        background=v1_background(node=("STAGE_UNSTAGE_VOLUME",)),
+        party="plugin",
+        variant="plugin-first",
+    ),
+    Case(
+        SPEC,
+        ("GetPluginCapabilities.11",),
+        "csi.capabilities-inconsistent",
+        breach=(
+            Step(
+                "GetPluginCapabilities",
+                answer={"capabilities": [{"volume_expansion": {"type": "OFFLINE"}}]},
+            ),
+        ),
+        twin=(
+            Step("ControllerGetCapabilities", answer=_EXPAND_CAPS),
+            Step("GetPluginCapabilities", answer=_expansion_caps("OFFLINE")),
+        ),
+        background=v1_background(node=("EXPAND_VOLUME",)),
+        party="plugin",
+        variant="no-controller-service",
+        why="OFFLINE expansion from a plugin that serves no controller at all",
+    ),
+    Case(
+        SPEC,
+        ("Error-Scheme.10",),
+        "csi.retry-without-backoff",
+        breach=(
+            Step("DeleteVolume", _DELETE, error=_ABORTED),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.1),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.1),
+            Step("DeleteVolume", _DELETE, wait=0.1),
+        ),
+        twin=(
+            Step("DeleteVolume", _DELETE, error=_ABORTED),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.1),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.2),
+            Step("DeleteVolume", _DELETE, wait=0.4),
+        ),
+        background=BG,
+        party="co",
+        variant="delete",
+    ),
+    Case(
+        SPEC,
+        ("Error-Scheme.7",),
+        "csi.retry-without-change",
+        breach=(
+            Step("CreateVolume", _BAD_PARAMS, error=("INVALID_ARGUMENT", "refused")),
+            Step("CreateVolume", _BAD_PARAMS, answer=volume(), new_connection=True),
+        ),
+        twin=(
+            Step("CreateVolume", _BAD_PARAMS, error=("INVALID_ARGUMENT", "refused")),
+            Step("CreateVolume", _FIXED_PARAMS, answer=volume(), new_connection=True),
+        ),
+        background=BG,
+        party="co",
+        variant="other-connection",
+        why="the refused create re-sent unchanged over a connection of its own",
+    ),
+    _stream_case(
+        "GetMetadataAllocated",
+        "GetMetadataAllocated.lc4",
+        "volume_capacity_bytes",
+        2 * GIB,
+        {"snapshot_id": SNAP},
+        at=2,
+        variant="last-message",
+    ),
+    _segment_case(
+        ("CreateVolume.81",),
+        "csi.topology-key-format",
+        {"example.com/" + "z" * 64: "zone-a"},
+        {"example.com/" + "z" * 63: "zone-a"},
+        "a key name of 64 characters",
+        "64-characters",
+    ),
+    _segment_case(
+        ("CreateVolume.82",),
+        "csi.topology-key-format",
+        {"e" * 60 + ".com/zone": "zone-a"},
+        {"e" * 59 + ".com/zone": "zone-a"},
+        "a key prefix of 64 characters",
+        "long-prefix",
+    ),
+    _segment_case(
+        ("CreateVolume.88",),
+        "csi.topology-value-format",
+        {"example.com/zone": "zone a"},
+        {"example.com/zone": "zone-a"},
+        "a segment value with a space",
+        "space",
+    ),
+    _one(
+        ("CreateVolume.81",),
+        "csi.topology-key-format",
+        "CreateVolume",
+        (
+            create(
+                accessibility_requirements={"requisite": [_topology(**{"example.com/-zone": "a"})]}
+            ),
+            volume(),
+        ),
+        (
+            create(
+                accessibility_requirements={"requisite": [_topology(**{"example.com/zone": "a"})]}
+            ),
+            volume(),
+        ),
+        TOPOLOGY,
+        party="co",
+        variant="requested",
+        why="the CO's requisite topology has a key name beginning with a dash",
     ),
 ]
