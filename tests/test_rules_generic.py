@@ -846,6 +846,39 @@ async def test_real_backoffs_and_other_answers_are_not_judged(clocked):
         assert ("retry-without-backoff", "co") not in got
 
 
+async def test_a_burst_with_jitter_is_not_a_back_off_but_jittered_doubling_is(clocked):
+    # CSI v1.12 §Error Scheme (ABORTED, and the per-RPC NOT_FOUND rows): exponential back off
+    d, clock = clocked
+    stage = stage_request()
+    for waits in ([0.010, 0.013, 0.011], [0.010, 0.011, 0.012], [3.0, 1.0, 3.0]):
+        sends = await resend(d, clock, waits, "csi.v1", "NodeStageVolume", stage, code=NOT_FOUND)
+        assert ("retry-without-backoff", "co") in sends[-1], waits
+        await d.call("csi.v1", "NodeStageVolume", stage)  # OK: the series ends
+    for waits in (
+        [1.1, 2.3, 3.9, 8.4],  # the sidecars' 1 s doubling with jitter
+        [0.004, 0.011, 0.019, 0.043, 0.078],  # client-go's 5 ms limiter, jittered
+        [0.030, 0.035, 0.045, 0.065, 0.105],  # 5 ms doubling behind a 25 ms overhead
+        [0.6, 1.0, 2.1, 3.8, 8.3],  # kubelet's 0.5 s doubling with jitter
+    ):
+        sends = await resend(d, clock, waits, "csi.v1", "NodeStageVolume", stage, code=NOT_FOUND)
+        assert not any(("retry-without-backoff", "co") in got for got in sends), waits
+        await d.call("csi.v1", "NodeStageVolume", stage)
+
+
+async def test_a_volume_stats_poll_is_not_a_retry(clocked):
+    # kubelet polls NodeGetVolumeStats at a steady pace whatever it answered
+    d, clock = clocked
+    fields = {"volume_id": "v", "volume_path": "/var/lib/kubelet/pods/p/volumes/v/mount"}
+    sends = await resend(
+        d, clock, [2.0] * 4, "csi.v1", "NodeGetVolumeStats", code=NOT_FOUND, **fields
+    )
+    assert not any(("retry-without-backoff", "co") in got for got in sends)
+    sends = await resend(
+        d, clock, [0.05] * 3, "csi.v1", "NodeGetVolumeStats", code=NOT_FOUND, **fields
+    )
+    assert ("retry-without-backoff", "co") in sends[-1]
+
+
 async def test_retry_without_backoff_in_csi_v0_and_cosi_not_cmi(clocked):
     d, clock = clocked
     cases = [

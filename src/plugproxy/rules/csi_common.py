@@ -571,11 +571,17 @@ def generic_rules(
             " grow.",
             reject_code=None,
             note="A wait is the time from an answer to the next identical request. Judged"
-            " when three waits in a row are each under 10 s and none is more than 5 % longer"
-            " than the one before; every answer in the series is a back-off row's. Real COs"
-            " never trip it: kubelet waits 0.5 s and doubles up to about 2 min, the"
-            " Kubernetes CSI sidecars wait 1 s and double up to 5 min, and a backoff held at"
-            " a cap of 10 s or more is not judged.",
+            " when three waits in a row are each under 10 s and they do not grow: the last is"
+            " under 1.5 times the first, and the steps between them do not grow by 1.5 times"
+            " each either, from a first step of at least 2 ms and 5 % of the first wait (a"
+            " doubling wait behind a steady overhead of the caller's own);"
+            " every answer in the series is a back-off row's. A burst with jitter, a steady"
+            " or a slowly rising pace are judged. Real COs never trip it: kubelet waits 0.5 s"
+            " and doubles up to about 2 min, the Kubernetes CSI sidecars wait 1 s (client-go's"
+            " default limiter 5 ms) and double up to 5 min, jitter on top of a doubling keeps"
+            " it growing, and a backoff held at a cap of 10 s or more is not judged. A"
+            " back off whose every wait is drawn at random below its cap (full jitter) may be"
+            " judged. NodeGetVolumeStats is polled: only waits under 1 s are judged there.",
         ),
     ]
     if not backoff:

@@ -134,12 +134,22 @@ CANONICAL_STATUSES = frozenset(str(code.value[0]) for code in StatusCode)  # "0"
 # repeats come within minutes; older memory is more likely stale than useful.
 RETRY_TTL = 600.0
 REPEAT_TTL = 600.0
-# retry-without-backoff: this many waits in a row, each shorter than BACKOFF_SHORT and none
-# more than BACKOFF_GROWTH times the one before, are not a back off. kubelet waits 0.5 s and
-# doubles (cap ~2 min), the CSI sidecars 1 s and double (cap 5 min): never three such waits.
+# retry-without-backoff: this many waits in a row, each shorter than BACKOFF_SHORT, are not
+# a back off unless they grow: the last at least BACKOFF_GROWTH times the first, or each one
+# longer than the one before by at least BACKOFF_GROWTH times the step before (a doubling
+# wait plus a steady overhead of the caller's own: client-go's 5 ms limiter behind a slow
+# sidecar). kubelet waits 0.5 s and doubles (cap ~2 min), the CSI sidecars 1 s and double
+# (cap 5 min), with or without added jitter: they always grow. A burst with jitter does not.
 BACKOFF_WAITS = 3
 BACKOFF_SHORT = 10.0
-BACKOFF_GROWTH = 1.05
+BACKOFF_GROWTH = 1.5
+# The first step of a growing series is at least this long and this share of the first
+# wait: a steady pace's timing noise (a millisecond or two) makes no growing steps.
+BACKOFF_STEP = 0.002
+BACKOFF_STEP_SHARE = 0.05
+# RPCs a caller polls: a steady pace is a poll, not a retry, unless it is faster than any
+# poll (kubelet's volume stats every minute or so, its agg period never sub-second).
+BACKOFF_SHORT_RPC = {"NodeGetVolumeStats": 1.0}
 # call.stage_state keys of this stage.
 _DIGEST = "validate.digest"  # the request's digest, computed at most once per call
 _ACCEPTED = "validate.accepted"  # audited request violations the spec prescribes an answer for
@@ -156,6 +166,16 @@ _ANSWERED_FIRST = frozenset(
     }
 )
 _FLIGHT = "validate.flight"  # the object keys this call counts in GenericMemory.in_flight
+
+
+def backs_off(waits: list[float]) -> bool:
+    """Whether a series of waits grows as an exponential back off does (see BACKOFF_*)."""
+    if waits[-1] >= waits[0] * BACKOFF_GROWTH:
+        return True
+    steps = [b - a for a, b in itertools.pairwise(waits)]
+    if steps[0] < max(BACKOFF_STEP, waits[0] * BACKOFF_STEP_SHARE):
+        return False  # no step at all, or one the timing noise of a steady pace explains
+    return all(b >= a * BACKOFF_GROWTH for a, b in itertools.pairwise(steps))
 
 
 @dataclass(slots=True)
@@ -1310,9 +1330,8 @@ class ValidateStage(Stage):
         series.ended = None
         if len(waits) > BACKOFF_WAITS:
             del waits[0]
-        if len(waits) < BACKOFF_WAITS or max(waits) >= BACKOFF_SHORT:
-            return
-        if any(b > a * BACKOFF_GROWTH for a, b in itertools.pairwise(waits)):
+        short = BACKOFF_SHORT_RPC.get(plan.rpc, BACKOFF_SHORT)
+        if len(waits) < BACKOFF_WAITS or max(waits) >= short or backs_off(waits):
             return
         shown = ", ".join(f"{w:.1f}s" for w in waits)
         v = Violation(
