@@ -14,10 +14,12 @@ from tests.integration.planted.csi_v1_part1b_builders import (
     GIB,
     GROUP,
     SNAP,
+    STAGING,
     VOL,
     controller,
     create,
     group_background,
+    stage,
     validate,
     volume,
 )
@@ -1253,5 +1255,257 @@ CASES += [
         party="co",
         variant="requested",
         why="the CO's requisite topology has a key name beginning with a dash",
+    ),
+]
+
+# -- more variants: other RPCs and sockets carrying the same breach ----------------------------
+_STAGED_CONTEXT = v1_background(
+    controller=("CREATE_DELETE_VOLUME",), node=("STAGE_UNSTAGE_VOLUME",)
+)
+_UNIFIED_OFFLINE = {
+    **v1_background(
+        controller=("CREATE_DELETE_VOLUME", "EXPAND_VOLUME"), node=("STAGE_UNSTAGE_VOLUME",)
+    ),
+    "GetPluginCapabilities": _expansion_caps("OFFLINE"),
+}
+_UNIFIED_ONLINE = {**_UNIFIED_OFFLINE, "GetPluginCapabilities": _expansion_caps("ONLINE")}
+_NODE_STAGE = Step("NodeStageVolume", stage())
+_NODE_PUBLISH = Step(
+    "NodePublishVolume",
+    {
+        "volume_id": VOL,
+        "target_path": TARGET,
+        "volume_capability": RWO,
+        "staging_target_path": STAGING,
+    },
+)
+_WIDE = {**CONTEXT, "tier": "gold"}
+_ZONE_C = _topology(**{"example.com/zone": "zone-c"})
+_ZONE_D = _topology(**{"example.com/zone": "zone-d"})
+_RACK_1 = _topology(**{"example.com/zone": "zone-a", "example.com/rack": "rack-1"})
+_RACK_2 = _topology(**{"example.com/zone": "zone-a", "example.com/rack": "rack-2"})
+_MANY_FLAGS = {**RWO, "mount": {"mount_flags": ["o" * 64] * 65}}
+_FLAGS = {**RWO, "mount": {"mount_flags": ["o" * 64] * 64}}
+
+CASES += [
+    Case(
+        SPEC,
+        ("CreateVolume.57",),
+        "csi.volume-context-mismatch",
+        breach=(_CREATED, Step("NodeStageVolume", stage(volume_context={"share": "pool-b/vol-1"}))),
+        twin=(_CREATED, Step("NodeStageVolume", stage(volume_context=CONTEXT))),
+        background=_STAGED_CONTEXT,
+        party="co",
+        variant="stage",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.57",),
+        "csi.volume-context-mismatch",
+        breach=(
+            Step("CreateVolume", create(), answer=volume(volume_context=_WIDE)),
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_context": CONTEXT},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        twin=(
+            Step("CreateVolume", create(), answer=volume(volume_context=_WIDE)),
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_context": _WIDE},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        background=controller(*_PUBLISH_CAPS),
+        party="co",
+        variant="entry-left-out",
+        why="one of the two entries CreateVolume returned is not passed on",
+    ),
+    Case(
+        SPEC,
+        ("GetPluginCapabilities.10",),
+        "csi.call-order",
+        breach=(
+            _PUBLISHED,
+            Step("ControllerExpandVolume", _EXPAND, answer={"capacity_bytes": 2 * GIB}),
+        ),
+        twin=(
+            _PUBLISHED,
+            Step("ControllerUnpublishVolume", {"volume_id": VOL, "node_id": NODE}),
+            Step("ControllerExpandVolume", _EXPAND, answer={"capacity_bytes": 2 * GIB}),
+        ),
+        background={
+            **v1_background(controller=(*_PUBLISH_CAPS, "EXPAND_VOLUME")),
+            "GetPluginCapabilities": _expansion_caps("OFFLINE"),
+        },
+        party="co",
+        variant="plugin-expands",
+        why="the CO expands a published volume under OFFLINE and the plugin goes along",
+    ),
+    Case(
+        SPEC,
+        ("GetPluginCapabilities.10",),
+        "csi.call-order",
+        breach=(_NODE_STAGE, _NODE_PUBLISH, Step("ControllerExpandVolume", _EXPAND, error=_IN_USE)),
+        twin=(
+            _NODE_STAGE,
+            _NODE_PUBLISH,
+            Step("NodeUnpublishVolume", {"volume_id": VOL, "target_path": TARGET}),
+            Step("NodeUnstageVolume", {"volume_id": VOL, "staging_target_path": STAGING}),
+            Step("ControllerExpandVolume", _EXPAND, answer={"capacity_bytes": 2 * GIB}),
+        ),
+        background=_UNIFIED_OFFLINE,
+        party="co",
+        variant="node-published",
+        why="a volume published by the node service of the same socket, expanded under OFFLINE",
+    ),
+    Case(
+        SPEC,
+        ("GetPluginCapabilities.9",),
+        "csi.expand-published-refused",
+        breach=(_NODE_STAGE, _NODE_PUBLISH, Step("ControllerExpandVolume", _EXPAND, error=_IN_USE)),
+        twin=(
+            _NODE_STAGE,
+            _NODE_PUBLISH,
+            Step(
+                "ControllerExpandVolume",
+                _EXPAND,
+                answer={"capacity_bytes": 2 * GIB, "node_expansion_required": True},
+            ),
+        ),
+        background=_UNIFIED_ONLINE,
+        party="plugin",
+        variant="node-published",
+    ),
+    _one(
+        ("CreateVolume.61", "CreateVolume.76"),
+        "csi.topology-outside-requisite",
+        "CreateVolume",
+        (
+            create(accessibility_requirements={"requisite": [ZONE_A, ZONE_B]}),
+            volume(accessible_topology=[_ZONE_C, _ZONE_D]),
+        ),
+        (
+            create(accessibility_requirements={"requisite": [ZONE_A, ZONE_B]}),
+            volume(accessible_topology=[ZONE_B, ZONE_A]),
+        ),
+        TOPOLOGY,
+        party="plugin",
+        variant="two-outside",
+        why="two accessible topologies, neither a requisite one",
+    ),
+    _one(
+        ("CreateVolume.61", "CreateVolume.76"),
+        "csi.topology-outside-requisite",
+        "CreateVolume",
+        (
+            create(accessibility_requirements={"requisite": [_RACK_1]}),
+            volume(accessible_topology=[_RACK_2]),
+        ),
+        (
+            create(accessibility_requirements={"requisite": [_RACK_1]}),
+            volume(accessible_topology=[_RACK_1]),
+        ),
+        TOPOLOGY,
+        party="plugin",
+        variant="one-segment-off",
+        why="the zone matches but the rack does not",
+    ),
+    _one(
+        ("CreateVolume.75",),
+        "csi.topology-preferred-not-requisite",
+        "CreateVolume",
+        (
+            create(
+                accessibility_requirements={
+                    "requisite": [ZONE_A, ZONE_B],
+                    "preferred": [ZONE_B, _ZONE_C],
+                }
+            ),
+            volume(accessible_topology=[ZONE_B]),
+        ),
+        (
+            create(
+                accessibility_requirements={
+                    "requisite": [ZONE_A, ZONE_B],
+                    "preferred": [ZONE_B, ZONE_A],
+                }
+            ),
+            volume(accessible_topology=[ZONE_B]),
+        ),
+        TOPOLOGY,
+        party="co",
+        variant="second-preferred",
+    ),
+    Case(
+        SPEC,
+        ("GetVolumeGroupSnapshot.lc2",),
+        "csi.deleted-group-answered",
+        breach=(
+            Step("DeleteVolumeGroupSnapshot", _GROUP_REQ),
+            Step("GetVolumeGroupSnapshot", _GROUP_REQ, answer=_group_answer(), new_connection=True),
+        ),
+        twin=(
+            Step("DeleteVolumeGroupSnapshot", _GROUP_REQ),
+            Step("GetVolumeGroupSnapshot", _GROUP_REQ, error=_GONE, new_connection=True),
+        ),
+        background=group_background(),
+        party="plugin",
+        variant="other-connection",
+    ),
+    Case(
+        SPEC,
+        ("Probe.1",),
+        "csi.unimplemented-advertised",
+        breach=(Step("Probe", error=("UNIMPLEMENTED", "Probe not implemented")),),
+        twin=(Step("Probe", answer={"ready": {"value": True}}),),
+        background=NODE_ONLY,
+        party="plugin",
+        variant="node-plugin",
+    ),
+    Case(
+        SPEC,
+        ("RPC-Interface.5",),
+        "csi.unimplemented-advertised",
+        breach=(
+            Step("CreateVolume", create(), answer=volume()),
+            Step("ValidateVolumeCapabilities", validate(), error=("UNIMPLEMENTED", "no")),
+        ),
+        twin=(
+            Step("CreateVolume", create(), answer=volume()),
+            Step(
+                "ValidateVolumeCapabilities",
+                validate(),
+                answer={"confirmed": {"volume_capabilities": [RWO]}},
+            ),
+        ),
+        background=v1_background(plugin=(), controller=("CREATE_DELETE_VOLUME",)),
+        party="plugin",
+        variant="served-not-advertised",
+        why="a controller served (CreateVolume answered) though CONTROLLER_SERVICE is not listed",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.32",),
+        "csi.size-limit",
+        breach=(
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_capability": _MANY_FLAGS},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        twin=(
+            Step(
+                "ControllerPublishVolume",
+                {**_PUBLISHED.request, "volume_capability": _FLAGS},
+                answer=_PUBLISHED.answer,
+            ),
+        ),
+        background=controller(*_PUBLISH_CAPS),
+        party="co",
+        variant="publish",
     ),
 ]
