@@ -8,7 +8,13 @@ from typing import Any
 
 from tests.integration.planted import csi_v0_builders as v0
 from tests.integration.planted.csi_builders import v1_background
-from tests.integration.planted.csi_v1_part1b_builders import VOL, controller, create, volume
+from tests.integration.planted.csi_v1_part1b_builders import (
+    VOL,
+    controller,
+    create,
+    publish,
+    volume,
+)
 from tests.integration.planted.harness import Case, Step
 
 SPEC = "csi.v1"
@@ -38,6 +44,7 @@ def _burst(
     background: dict[str, Any],
     why: str,
     twin_waits: tuple[float, ...] = BACKING_OFF,
+    twin_allows: tuple[str, ...] = (),
 ) -> Case:
     return Case(
         spec,
@@ -48,6 +55,7 @@ def _burst(
         background=background,
         party="co",
         why=why,
+        twin_allows=twin_allows,
     )
 
 
@@ -113,5 +121,52 @@ CASES = [
         _GONE,
         v0.STAGED,
         "NodeStageVolume retried after NOT_FOUND in a burst with jitter",
+    ),
+]
+
+# The RESOURCE_EXHAUSTED rows asking for exponential back off (CSI v1.12 and v0.3
+# §CreateVolume and §ControllerPublishVolume errors). A backed-off publish retry with no
+# slot seen freed is still csi.publish-retry-unresolved's to report, as advice.
+_FULL = ("RESOURCE_EXHAUSTED", "no capacity left in the requested topology")
+_NODE_FULL = ("RESOURCE_EXHAUSTED", "the node has its maximum of volumes attached")
+_UNRESOLVED = ("csi.publish-retry-unresolved",)
+CASES += [
+    _burst(
+        SPEC,
+        "CreateVolume-Errors.10",
+        "CreateVolume",
+        create(),
+        _FULL,
+        BG,
+        "CreateVolume retried after RESOURCE_EXHAUSTED in a burst with jitter",
+    ),
+    _burst(
+        SPEC,
+        "ControllerPublishVolume-Errors.9",
+        "ControllerPublishVolume",
+        publish(),
+        _NODE_FULL,
+        controller("PUBLISH_UNPUBLISH_VOLUME"),
+        "ControllerPublishVolume retried after RESOURCE_EXHAUSTED in a burst with jitter",
+        twin_allows=_UNRESOLVED,
+    ),
+    _burst(
+        v0.SPEC,
+        "CreateVolume-Errors.5",
+        "CreateVolume",
+        v0.create(),
+        _FULL,
+        v0.background(),
+        "CreateVolume retried after RESOURCE_EXHAUSTED in a burst with jitter",
+    ),
+    _burst(
+        v0.SPEC,
+        "ControllerPublishVolume-Errors.9",
+        "ControllerPublishVolume",
+        v0.publish(),
+        _NODE_FULL,
+        v0.background(),
+        "ControllerPublishVolume retried after RESOURCE_EXHAUSTED in a burst with jitter",
+        twin_allows=_UNRESOLVED,
     ),
 ]
