@@ -517,7 +517,10 @@ def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_bl
         ProviderID="p" * 190,  # the plugin's, passed back
         ProviderSpec=b"x",
     )
-    assert rules_of("cmi.v1", cmi) == [("cmi.size-limit", "MachineName")]
+    assert rules_of("cmi.v1", cmi) == [
+        ("cmi.size-limit", "MachineName"),
+        ("cmi.size-limit-echoed", "ProviderID"),
+    ]
     cosi = msg(
         "cosi.v1alpha1",
         "DriverRevokeBucketAccessRequest",
@@ -525,7 +528,11 @@ def test_in_one_request_what_the_co_made_is_judged_and_what_it_passes_back_is_bl
         account_id="a" * 200,
         revoke_access_context=big,
     )
-    assert rules_of("cosi.v1alpha1", cosi) == [("cosi.size-limit", "revoke_access_context")]
+    assert rules_of("cosi.v1alpha1", cosi) == [
+        ("cosi.size-limit-echoed", "bucket_id"),
+        ("cosi.size-limit-echoed", "account_id"),
+        ("cosi.size-limit", "revoke_access_context"),
+    ]
 
 
 def test_an_id_passed_back_is_reported_once_where_this_socket_saw_it_made():

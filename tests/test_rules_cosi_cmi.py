@@ -202,6 +202,21 @@ async def test_cosi_create_resent_unchanged_after_already_exists():
     assert flagged not in await h.call("DriverCreateBucket", other, code=exists)
 
 
+async def test_ids_passed_back_over_the_size_limit_are_the_plugins():
+    # COSI v1alpha1 and CMI v1 §Size Limits: ids the plugin made, judged where they come back.
+    cosi = Harness("cosi.v1alpha1", mode="enforce")
+    flagged = ("cosi.size-limit-echoed", "plugin")
+    assert flagged in await cosi.call("DriverDeleteBucket", {"bucket_id": "b" * 129}, {})
+    assert flagged in await cosi.call(
+        "DriverRevokeBucketAccess", {"bucket_id": "b", "account_id": "a" * 129}, {}
+    )
+    assert flagged not in await cosi.call("DriverDeleteBucket", {"bucket_id": "b" * 128}, {})
+    cmi = Harness("cmi.v1", mode="enforce")
+    req = {"MachineName": "m-1", "ProviderSpec": b"spec", "ProviderID": "p" * 129}
+    assert ("cmi.size-limit-echoed", "plugin") in await cmi.call("DeleteMachine", req, {})
+    assert not await cmi.call("DeleteMachine", {**req, "ProviderID": "p" * 128}, {})
+
+
 async def test_cosi_messages_never_quote_names_ids_or_parameters():
     h = Harness("cosi.v1alpha1")
     await cosi_create(h, "secret-bucket-name", "secret-id-1", token="hunter2")

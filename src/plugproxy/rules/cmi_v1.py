@@ -67,9 +67,10 @@ RULES = (
         BOTH,
         f"{TITLE} §Size Limits",
         "A string exceeds 128 bytes or a map<string,string> 4 KiB.",
-        note="ProviderID is judged where the plugin returns it, not where the client passes"
-        " it back. ListMachines' MachineList is a listing (§ListMachines: return all"
-        " machines), not a 4 KiB attribute map: each ProviderID key is judged as a string.",
+        note="ProviderID is judged where the plugin returns it; where the client passes it"
+        " back, cmi.size-limit-echoed judges it. ListMachines' MachineList is a listing"
+        " (§ListMachines: return all machines), not a 4 KiB attribute map: each ProviderID"
+        " key is judged as a string.",
     ),
     Rule(
         "cmi.plugin-name-format",
@@ -210,6 +211,17 @@ RULES = (
         ' capabilities." A capabilities answer counts for a version only when GetPluginInfo'
         " answered that name and version both before and after it, so a plugin upgraded"
         " between two calls is never flagged; judged when the second GetPluginInfo answers.",
+    ),
+    Rule(
+        "cmi.size-limit-echoed",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §Size Limits",
+        "A ProviderID the plugin makes is over 128 bytes where the CMI-Client passes it back.",
+        reject_code=None,
+        note="Judged in every request that carries it, wherever it was made (another"
+        " replica, before the proxy started); blamed on the plugin, which made it, and"
+        " never rejected, since the CMI-Client only passes it back.",
     ),
     *generic_rules(
         "cmi",

@@ -54,8 +54,8 @@ RULES = (
         BOTH,
         f"{TITLE} §Size Limits",
         "A string exceeds 128 bytes or a map<string,string> 4 KiB.",
-        note="bucket_id and account_id are judged where the driver returns them, not where"
-        " the COSI system passes them back.",
+        note="bucket_id and account_id are judged where the driver returns them; where the"
+        " COSI system passes them back, cosi.size-limit-echoed judges them.",
     ),
     Rule(
         "cosi.plugin-name-format",
@@ -175,6 +175,18 @@ RULES = (
         " such a bucket means it is gone; a definite error (INVALID_ARGUMENT,"
         " FAILED_PRECONDITION, ALREADY_EXISTS, OUT_OF_RANGE) counts after a successful"
         " delete repeated with the same delete_context. Transient errors are not judged.",
+    ),
+    Rule(
+        "cosi.size-limit-echoed",
+        MUST,
+        (PLUGIN,),
+        f"{TITLE} §Size Limits",
+        "A bucket_id or account_id the driver makes is over 128 bytes where the COSI system"
+        " passes it back.",
+        reject_code=None,
+        note="Judged in every request that carries it, wherever it was made (another"
+        " replica, before the proxy started); blamed on the plugin, which made it, and"
+        " never rejected, since the COSI system only passes it back.",
     ),
     *generic_rules(
         "cosi",

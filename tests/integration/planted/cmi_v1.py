@@ -315,6 +315,15 @@ CASES = [
         why="a 129-byte string",
     ),
     one(
+        ("Size-Limits.1",),
+        "cmi.size-limit-echoed",
+        "DeleteMachine",
+        ({**STATUS_REQ, "ProviderID": "p" * 129}, {}),
+        ({**STATUS_REQ, "ProviderID": "p" * 128}, {}),
+        party="plugin",
+        why="a 129-byte ProviderID the plugin made before this proxy saw it, passed back",
+    ),
+    one(
         ("Secrets-Requirements.1",),
         "cmi.secret-key-format",
         "CreateMachine",

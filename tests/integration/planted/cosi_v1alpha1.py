@@ -304,6 +304,15 @@ CASES = [
         why="a 129-byte string",
     ),
     one(
+        ("Size-Limits.1",),
+        "cosi.size-limit-echoed",
+        "DriverDeleteBucket",
+        ({"bucket_id": "b" * 129}, {}),
+        ({"bucket_id": "b" * 128}, {}),
+        party="plugin",
+        why="a 129-byte bucket_id the driver made before this proxy saw it, passed back",
+    ),
+    one(
         ("Secrets-Requirements-where-applicable.1",),
         "cosi.secret-key-format",
         "DriverGrantBucketAccess",
