@@ -154,7 +154,13 @@ _REFUSED = ("INVALID_ARGUMENT", "a required field is missing")
 
 
 def _required_request(
-    statements: tuple[str, ...], rpc: str, breach: Any, twin: Any, answer: Any, bg: dict[str, Any]
+    statements: tuple[str, ...],
+    rpc: str,
+    breach: Any,
+    twin: Any,
+    answer: Any,
+    bg: dict[str, Any],
+    variant: str = "",
 ) -> Case:
     """The CO leaves a REQUIRED field out; the plugin refuses it as the errors table says.
     Twin: the request complete, answered OK."""
@@ -166,6 +172,7 @@ def _required_request(
         twin=(Step(rpc, twin, answer=answer),),
         background=bg,
         party="co",
+        variant=variant,
     )
 
 
@@ -1507,5 +1514,194 @@ CASES += [
         background=controller(*_PUBLISH_CAPS),
         party="co",
         variant="publish",
+    ),
+]
+
+# -- the same messages carried by other RPCs (CapacityRange, VolumeCapability, Volume, Topology)
+_EXPANDS = controller("CREATE_DELETE_VOLUME", "EXPAND_VOLUME")
+_LISTS = controller("CREATE_DELETE_VOLUME", "LIST_VOLUMES")
+_NODE_STAGES = v1_background(node=("STAGE_UNSTAGE_VOLUME",))
+_TOPOLOGY_NODE = v1_background(
+    plugin=("CONTROLLER_SERVICE", "VOLUME_ACCESSIBILITY_CONSTRAINTS"),
+    node=("STAGE_UNSTAGE_VOLUME",),
+)
+_CAPACITY_TOPOLOGY = {
+    **TOPOLOGY,
+    "ControllerGetCapabilities": rpc_caps("CREATE_DELETE_VOLUME", "GET_CAPACITY"),
+}
+
+
+def _expand(capacity_range: dict[str, Any]) -> dict[str, Any]:
+    return {"volume_id": VOL, "capacity_range": capacity_range}
+
+
+def _node_info(segments: dict[str, str]) -> dict[str, Any]:
+    return {"node_id": NODE, "accessible_topology": {"segments": segments}}
+
+
+def _entry(**volume_fields: Any) -> dict[str, Any]:
+    return {"entries": [{"volume": volume_fields}]}
+
+
+CASES += [
+    _one(
+        ("CreateVolume.43",),
+        "csi.negative-value",
+        "ControllerExpandVolume",
+        (_expand({"required_bytes": -GIB}), {"capacity_bytes": GIB}),
+        (_expand({"required_bytes": GIB}), {"capacity_bytes": GIB}),
+        _EXPANDS,
+        party="co",
+        variant="expand",
+    ),
+    _one(
+        ("CreateVolume.42",),
+        "csi.capacity-out-of-range",
+        "ControllerExpandVolume",
+        (_expand({"required_bytes": 4 * GIB}), {"capacity_bytes": 2 * GIB}),
+        (_expand({"required_bytes": 4 * GIB}), {"capacity_bytes": 4 * GIB}),
+        _EXPANDS,
+        party="plugin",
+        variant="expand",
+    ),
+    _one(
+        ("CreateVolume.41",),
+        "csi.capacity-range-empty",
+        "ControllerExpandVolume",
+        (_expand({}), {"capacity_bytes": 4 * GIB}),
+        (_expand({"required_bytes": 4 * GIB}), {"capacity_bytes": 4 * GIB}),
+        _EXPANDS,
+        party="co",
+        variant="expand",
+    ),
+    _one(
+        ("CreateVolume.46",),
+        "csi.negative-value",
+        "ListVolumes",
+        ({}, _entry(volume_id=VOL, capacity_bytes=-1)),
+        ({}, _entry(volume_id=VOL, capacity_bytes=GIB)),
+        _LISTS,
+        party="plugin",
+        variant="listed",
+    ),
+    _one(
+        ("CreateVolume.47",),
+        "csi.required-field",
+        "ListVolumes",
+        ({}, _entry(capacity_bytes=GIB)),
+        ({}, _entry(volume_id=VOL, capacity_bytes=GIB)),
+        _LISTS,
+        party="plugin",
+        variant="listed",
+    ),
+    _required_request(
+        ("CreateVolume.37",),
+        "ValidateVolumeCapabilities",
+        validate(volume_capabilities=[CAP_NO_MODE]),
+        validate(),
+        {"confirmed": {"volume_capabilities": [RWO]}},
+        BG,
+        "validate",
+    ),
+    _required_request(
+        ("CreateVolume.38",),
+        "NodePublishVolume",
+        {**_NODE_PUBLISH.request, "volume_capability": CAP_NO_TYPE},
+        _NODE_PUBLISH.request,
+        {},
+        NODE_ONLY,
+        "node-publish",
+    ),
+    _required_request(
+        ("CreateVolume.39",),
+        "NodeStageVolume",
+        stage(volume_capability=CAP_NO_ACCESS_MODE),
+        stage(),
+        {},
+        _NODE_STAGES,
+        "node-stage",
+    ),
+    _one(
+        ("CreateVolume.26",),
+        "csi.required-field",
+        "CreateVolume",
+        (
+            create(volume_content_source=FROM_SNAPSHOT),
+            volume(content_source={"snapshot": {}}),
+        ),
+        (create(volume_content_source=FROM_SNAPSHOT), volume(content_source=FROM_SNAPSHOT)),
+        _SNAP_CAPS,
+        party="plugin",
+        variant="answer",
+    ),
+    _one(
+        ("CreateVolume.81",),
+        "csi.topology-key-format",
+        "NodeGetInfo",
+        ({}, _node_info({"example.com/zone-": "zone-a"})),
+        ({}, _node_info({"example.com/zone": "zone-a"})),
+        _TOPOLOGY_NODE,
+        party="plugin",
+        variant="node",
+    ),
+    _one(
+        ("CreateVolume.85", "CreateVolume.86"),
+        "csi.topology-key-duplicate",
+        "NodeGetInfo",
+        ({}, _node_info({"example.com/Zone": "zone-a", "example.com/zone": "zone-a"})),
+        ({}, _node_info({"example.com/rack": "rack-1", "example.com/zone": "zone-a"})),
+        _TOPOLOGY_NODE,
+        party="plugin",
+        variant="node",
+    ),
+    _one(
+        ("CreateVolume.87",),
+        "csi.topology-value-format",
+        "NodeGetInfo",
+        ({}, _node_info({"example.com/zone": ""})),
+        ({}, _node_info({"example.com/zone": "zone-a"})),
+        _TOPOLOGY_NODE,
+        party="plugin",
+        variant="node",
+    ),
+    _one(
+        ("CreateVolume.82",),
+        "csi.topology-key-format",
+        "GetCapacity",
+        (
+            {"accessible_topology": {"segments": {"Example.com/zone": "zone-a"}}},
+            {"available_capacity": GIB},
+        ),
+        (
+            {"accessible_topology": {"segments": {"example.com/zone": "zone-a"}}},
+            {"available_capacity": GIB},
+        ),
+        _CAPACITY_TOPOLOGY,
+        party="co",
+        variant="capacity",
+    ),
+    _one(
+        ("CreateVolume.88",),
+        "csi.topology-value-format",
+        "CreateVolume",
+        (
+            create(
+                accessibility_requirements={
+                    "preferred": [_topology(**{"example.com/zone": "z" * 64})]
+                }
+            ),
+            volume(),
+        ),
+        (
+            create(
+                accessibility_requirements={
+                    "preferred": [_topology(**{"example.com/zone": "z" * 63})]
+                }
+            ),
+            volume(),
+        ),
+        TOPOLOGY,
+        party="co",
+        variant="requested",
     ),
 ]
