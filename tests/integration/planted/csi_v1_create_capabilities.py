@@ -1,0 +1,47 @@
+"""CSI v1.12 §CreateVolume, volume_capabilities: the volume a CreateVolume answered OK has
+every capability listed, usable with any of them (block and mount alike when both are
+listed). The breach validates one of them right after the create and the plugin does not
+confirm it; the twin confirms it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.planted.csi_builders import RWO, v1_background
+from tests.integration.planted.harness import Case, Step
+
+SPEC = "csi.v1"
+BLOCK: dict[str, Any] = {"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+ROX: dict[str, Any] = {"mount": {}, "access_mode": {"mode": "MULTI_NODE_READER_ONLY"}}
+
+
+def validated(statements: tuple[str, ...], listed: list[Any], one: Any, variant: str) -> Case:
+    create = {"name": "pvc-1", "volume_capabilities": listed}
+    made = Step("CreateVolume", create, answer={"volume": {"volume_id": "vol-1"}})
+    request = {"volume_id": "vol-1", "volume_capabilities": [one]}
+    return Case(
+        SPEC,
+        statements,
+        "csi.validate-contradicts-create",
+        breach=(
+            made,
+            Step("ValidateVolumeCapabilities", request, answer={"message": "not supported"}),
+        ),
+        twin=(
+            made,
+            Step(
+                "ValidateVolumeCapabilities",
+                request,
+                answer={"confirmed": {"volume_capabilities": [one]}},
+            ),
+        ),
+        background=v1_background(),
+        party="plugin",
+        variant=variant,
+    )
+
+
+CASES = [
+    validated(("CreateVolume.12", "CreateVolume.15"), [RWO, ROX], ROX, "one-of-two-modes"),
+    validated(("CreateVolume.16",), [RWO, BLOCK], BLOCK, "block-beside-mount"),
+]
