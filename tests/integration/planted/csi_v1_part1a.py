@@ -1705,3 +1705,78 @@ CASES += [
         variant="requested",
     ),
 ]
+
+# -- a REQUIRED field the text around it lets a plugin do without; recovery variants ----------
+_PUBLISH_REQUEST = _PUBLISHED.request
+CASES += [
+    Case(
+        SPEC,
+        ("REQUIRED-vs-OPTIONAL.1",),
+        "csi.required-field-caveat",
+        breach=(
+            Step("GetVolumeGroupSnapshot", {"group_snapshot_id": GROUP}, answer=_group_answer()),
+        ),
+        twin=(Step("GetVolumeGroupSnapshot", _GROUP_REQ, answer=_group_answer()),),
+        background=group_background(),
+        party="co",
+        why="a group snapshot asked for without its REQUIRED snapshot_ids, which the plugin"
+        " can do without",
+    ),
+    _one(
+        ("CreateVolume.11",),
+        "csi.capacity-out-of-range",
+        "CreateVolume",
+        (
+            create(volume_content_source=FROM_SNAPSHOT, capacity_range={"limit_bytes": 2 * GIB}),
+            volume(capacity_bytes=4 * GIB, content_source=FROM_SNAPSHOT),
+        ),
+        (
+            create(volume_content_source=FROM_SNAPSHOT, capacity_range={"limit_bytes": 4 * GIB}),
+            volume(capacity_bytes=4 * GIB, content_source=FROM_SNAPSHOT),
+        ),
+        _SNAP_CAPS,
+        party="plugin",
+        variant="over-limit",
+        why="restored at its snapshot's size, above the range's limit",
+    ),
+    Case(
+        SPEC,
+        ("Error-Scheme.10",),
+        "csi.retry-while-pending",
+        breach=(
+            Step("ControllerPublishVolume", _PUBLISH_REQUEST, hold=0.6, pending=True),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, pending=True),
+            Step("ControllerPublishVolume", _PUBLISH_REQUEST, hold=0.6, pending=True),
+            Step("DeleteVolume", _DELETE, wait=0.7),
+        ),
+        twin=(
+            Step("ControllerPublishVolume", _PUBLISH_REQUEST, hold=0.2, pending=True),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, pending=True),
+            Step("DeleteVolume", _DELETE, wait=0.7),
+        ),
+        background=controller(*_PUBLISH_CAPS),
+        party="co",
+        variant="other-rpc",
+        why="a delete retried while a publish of the same volume is in flight",
+    ),
+    Case(
+        SPEC,
+        ("Error-Scheme.10",),
+        "csi.retry-without-backoff",
+        breach=(
+            Step("DeleteVolume", _DELETE, error=_ABORTED),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.3),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.2),
+            Step("DeleteVolume", _DELETE, wait=0.1),
+        ),
+        twin=(
+            Step("DeleteVolume", _DELETE, error=_ABORTED),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.1),
+            Step("DeleteVolume", _DELETE, error=_ABORTED, wait=0.2),
+            Step("DeleteVolume", _DELETE, wait=0.4),
+        ),
+        background=BG,
+        party="co",
+        variant="shrinking-waits",
+    ),
+]
