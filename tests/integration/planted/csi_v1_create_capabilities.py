@@ -45,3 +45,32 @@ CASES = [
     validated(("CreateVolume.12", "CreateVolume.15"), [RWO, ROX], ROX, "one-of-two-modes"),
     validated(("CreateVolume.16",), [RWO, BLOCK], BLOCK, "block-beside-mount"),
 ]
+
+
+# §CreateVolume, VolumeContentSource: CREATE_DELETE_SNAPSHOT implies restoring from a
+# snapshot, CLONE_VOLUME cloning; UNIMPLEMENTED to such a create contradicts the
+# advertised capability.
+def sourced(statement: str, source: dict[str, Any], cap: str) -> Case:
+    request = {"name": "pvc-1", "volume_capabilities": [RWO], "volume_content_source": source}
+    return Case(
+        SPEC,
+        (statement,),
+        "csi.unimplemented-advertised",
+        breach=(Step("CreateVolume", request, error=("UNIMPLEMENTED", "no such source")),),
+        twin=(
+            Step(
+                "CreateVolume",
+                request,
+                answer={"volume": {"volume_id": "vol-1", "content_source": source}},
+            ),
+        ),
+        background=v1_background(controller=("CREATE_DELETE_VOLUME", cap)),
+        party="plugin",
+        variant="sourced",
+    )
+
+
+CASES += [
+    sourced("CreateVolume.27", {"snapshot": {"snapshot_id": "snap-1"}}, "CREATE_DELETE_SNAPSHOT"),
+    sourced("CreateVolume.29", {"volume": {"volume_id": "vol-0"}}, "CLONE_VOLUME"),
+]
