@@ -470,6 +470,29 @@ async def test_cmi_machine_status_refused_as_invalid_after_an_identical_ok():
     )
 
 
+async def test_cmi_create_recovery_rows():
+    # CMI v1 §CreateMachine errors: ALREADY_EXISTS asks for another name, OUT_OF_RANGE for
+    # other resource requests; the client MUST follow the recovery rows.
+    h = Harness("cmi.v1")
+    req = {"MachineName": "m-1", "ProviderSpec": b"spec"}
+    ids = {"ProviderID": "p-1", "NodeName": "node-1"}
+    unchanged, unfixed = ("cmi.retry-without-change", "co"), ("cmi.retry-unfixed", "co")
+    exists, out = grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE
+    await h.call("CreateMachine", req, code=exists)
+    assert unchanged in await h.call("CreateMachine", req, code=exists)
+    # a ProviderSpec made to match the VM may be the fix
+    assert not await h.call("CreateMachine", {**req, "ProviderSpec": b"other"}, ids)
+    await h.call("CreateMachine", {**req, "MachineName": "m-2"}, code=out)
+    rotated = {**req, "MachineName": "m-2", "Secrets": {"token": b"new"}}
+    assert unfixed in await h.call("CreateMachine", rotated, code=out)
+    assert not await h.call("CreateMachine", {**rotated, "ProviderSpec": b"small"}, ids)
+    # rows whose recovery lies outside the request: not judged
+    await h.call("CreateMachine", {**req, "MachineName": "m-3"}, code=grpc.StatusCode.INTERNAL)
+    assert not await h.call(
+        "CreateMachine", {**req, "MachineName": "m-3"}, code=grpc.StatusCode.INTERNAL
+    )
+
+
 async def test_cmi_empty_volume_ids_are_advisory():
     h = Harness("cmi.v1")
     pv = {"PVSpecList": b"[]"}

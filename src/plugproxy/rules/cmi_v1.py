@@ -245,6 +245,19 @@ FIX_FIRST = {
     "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
 }
 
+# §CreateMachine errors: the client MUST follow the recovery rows; ALREADY_EXISTS asks for
+# another machine name, OUT_OF_RANGE for other resource requests (in the ProviderSpec).
+FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
+    "CreateMachine": {
+        # A ProviderSpec made to match the existing VM may be a fix too: only identical
+        # re-sends are judged.
+        "ALREADY_EXISTS": FixFirst("MUST create the machine under another name"),
+        "OUT_OF_RANGE": FixFirst(
+            "MUST update the resource requests before retrying", must_change=("ProviderSpec",)
+        ),
+    },
+}
+
 # "This operation MUST be idempotent" (CreateMachine, DeleteMachine, ShutDownMachine).
 _REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
 STATE_CHANGES = {
@@ -544,5 +557,6 @@ TABLE = SpecTable(
     on_error={"GetMachineStatus": (_status_error,), "DeleteMachine": (_delete_error,)},
     on_success={"GetMachineStatus": (_status_answered,)},
     fix_first=FIX_FIRST,
+    fix_first_rpc=FIX_FIRST_RPC,
     state_changes=STATE_CHANGES,
 )

@@ -117,6 +117,7 @@ def retry(
     answer: Any,
     first: dict[str, Any] | None = None,
     why: str = "",
+    variant: str = "",
 ) -> Case:
     """``request`` refused with ``code`` and sent again unchanged; the twin sends ``fixed``."""
     return Case(
@@ -131,6 +132,7 @@ def retry(
         background=BG,
         party="co",
         why=why,
+        variant=variant,
     )
 
 
@@ -462,6 +464,26 @@ CASES = [
         "INVALID_ARGUMENT",
         MACHINE,
         CREATED,
+    ),
+    retry(
+        ("CreateMachine-Errors.3",),
+        "CreateMachine",
+        MACHINE,
+        "ALREADY_EXISTS",
+        {**MACHINE, "MachineName": "machine-2"},
+        CREATED,
+        why="refused for a VM of that name with another ProviderSpec, sent again unchanged",
+        variant="already-exists",
+    ),
+    retry(
+        ("CreateMachine-Errors.3",),
+        "CreateMachine",
+        {**MACHINE, "ProviderSpec": b'{"machineType": "m5.large", "cpus": 4096}'},
+        "OUT_OF_RANGE",
+        MACHINE,
+        CREATED,
+        why="refused for resource requests out of range, sent again unchanged",
+        variant="out-of-range",
     ),
     retry(
         ("ListMachines-Errors.3",),
