@@ -147,3 +147,78 @@ def test_a_second_volume_for_a_name_is_advised_against_in_v1_only(
     found = p.create("vol-2", name="pvc-1", **other)
     assert (VOLUME_REUSED in found) is (spec == "csi.v1")
     assert VOLUME_REUSED not in p.create("vol-2", name="pvc-1", **other)  # the same again
+
+
+# CSI v1.12 §CreateSnapshot, §CreateVolumeGroupSnapshot, §CreateVolume: idempotency beyond a
+# byte-identical repeat, and an id that identifies one object.
+NOT_IDEMPOTENT = "csi.create-not-idempotent"
+ID_REUSED, VOLUME_ID_REUSED = "csi.id-reused", "csi.volume-id-reused"
+
+
+def _group(p: Proxy, name: str, sources: list[str], gid: str, **extra: object) -> set[str]:
+    members = [
+        {"snapshot_id": f"{gid}-{v}", "source_volume_id": v, "ready_to_use": True} for v in sources
+    ]
+    made = {"group_snapshot_id": gid, "snapshots": members, "ready_to_use": True}
+    req = {"name": name, "source_volume_ids": sources, **extra}
+    return p.ids("CreateVolumeGroupSnapshot", req, {"group_snapshot": made})
+
+
+def test_a_group_repeat_with_other_secrets_or_order_answered_another_id_is_found() -> None:
+    p = Proxy()
+    assert NOT_IDEMPOTENT not in _group(p, "g1", ["v1", "v2"], "group-1")
+    assert NOT_IDEMPOTENT not in _group(p, "g1", ["v2", "v1"], "group-1")  # the same group
+    assert NOT_IDEMPOTENT in _group(p, "g1", ["v2", "v1"], "group-2")
+    assert NOT_IDEMPOTENT in _group(p, "g1", ["v1", "v2"], "group-3", secrets={"k": "rotated"})
+    p = Proxy()
+    _group(p, "g1", ["v1", "v2"], "group-1")
+    p.call("DeleteVolumeGroupSnapshot", {"group_snapshot_id": "group-1"})
+    assert NOT_IDEMPOTENT not in _group(p, "g1", ["v2", "v1"], "group-2")  # first deleted
+    p.clock.now += 16
+    assert NOT_IDEMPOTENT not in _group(p, "g1", ["v1", "v2"], "group-3", secrets={"k": "v"})
+
+
+def test_snapshot_and_volume_repeats_with_other_secrets_or_map_order_are_judged() -> None:
+    p = Proxy()
+    src = {"name": "s1", "source_volume_id": "vol-1", "parameters": {"a": "1", "b": "2"}}
+
+    def snap(sid: str, **extra: object) -> set[str]:
+        made = {"snapshot_id": sid, "source_volume_id": "vol-1", "ready_to_use": True}
+        return p.ids("CreateSnapshot", {**src, **extra}, {"snapshot": made})
+
+    assert NOT_IDEMPOTENT not in snap("snap-1")
+    assert NOT_IDEMPOTENT in snap("snap-2", secrets={"k": "v"})
+    assert NOT_IDEMPOTENT in snap("snap-3", parameters={"b": "2", "a": "1"})
+    assert NOT_IDEMPOTENT not in p.create("vol-1", name="pvc-1")
+    assert NOT_IDEMPOTENT in p.create("vol-9", name="pvc-1", secrets={"k": "v"})
+
+
+def test_one_id_for_two_names_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
+    p = Proxy()
+
+    def snap(name: str, source: str, sid: str) -> set[str]:
+        made = {"snapshot_id": sid, "source_volume_id": source, "ready_to_use": True}
+        req = {"name": name, "source_volume_id": source}
+        return p.ids("CreateSnapshot", req, {"snapshot": made})
+
+    assert ID_REUSED not in snap("s1", "vol-1", "snap-1")
+    assert ID_REUSED not in snap("s2", "vol-1", "snap-1")  # one source: a dedup, not judged
+    assert ID_REUSED in snap("s3", "vol-2", "snap-1")
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    assert ID_REUSED not in snap("s4", "vol-3", "snap-1")  # deleted first: made anew
+    p.clock.now += 16
+    assert ID_REUSED not in snap("s5", "vol-4", "snap-1")  # a lease later
+    assert ID_REUSED in _group(p, "g1", ["v1", "v2"], "group-1") | _group(
+        p, "g2", ["v3"], "group-1"
+    )
+    assert VOLUME_ID_REUSED not in p.create("vol-1", name="pvc-1")
+    assert VOLUME_ID_REUSED in p.create("vol-1", name="pvc-2")
+    assert VOLUME_ID_REUSED not in p.create("vol-1", name="pvc-2")  # the same name again
+
+
+def test_one_id_for_two_names_is_not_judged_in_v0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
+    p = Proxy("csi.v0")
+    p.create("vol-1", name="pvc-1")
+    assert not {ID_REUSED, VOLUME_ID_REUSED} & p.create("vol-1", name="pvc-2")

@@ -23,7 +23,12 @@ The same holds for a name: an OK to CreateSnapshot or CreateVolumeGroupSnapshot 
 name this socket saw answered within a lease for other sources, with another id and no
 delete of the first seen, where the ALREADY_EXISTS row prescribes a refusal
 (``csi.name-reused``); for CreateVolume, which a plugin may answer for compatible
-arguments, a second volume for one name is the SHOULD ``csi.volume-name-reused``.
+arguments, a second volume for one name is the SHOULD ``csi.volume-name-reused``. A name
+repeated with the same arguments (other secrets, maps or sources in another order) and
+answered with another id within a lease is ``csi.create-not-idempotent``, which elsewhere
+judges byte-identical repeats only. The other way round, one id answered for two names
+within a lease, no delete seen between, is ``csi.id-reused`` (snapshots and groups of other
+sources) or the SHOULD ``csi.volume-id-reused`` (a shared volume may serve several names).
 
 The memory is bounded and expires with the lifecycle (SpecState.lifecycle_ttl): objects
 deleted longer ago, and refusals older than that, are not judged.
@@ -35,7 +40,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
+from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -67,8 +72,14 @@ class RecoveryMemory:
         self.snapshots: ExpiringMap[str, str] = ExpiringMap(n, ttl, st.clock)
         # volume id -> when DeleteVolume answered FAILED_PRECONDITION
         self.in_use: ExpiringMap[str, float] = ExpiringMap(n, ttl, st.clock)
-        # (create rpc, name) -> (digest of its arguments, the id it answered, when)
-        self.names: ExpiringMap[tuple[str, str], tuple[bytes, str, float]] = ExpiringMap(
+        # (create rpc, name) -> (digest of its arguments, the id it answered, when, digest
+        # of the whole request)
+        self.names: ExpiringMap[tuple[str, str], tuple[bytes, str, float, bytes]] = ExpiringMap(
+            n, ttl, st.clock
+        )
+        # (create rpc, id answered) -> (the name it was answered for, digest of its
+        # arguments, when)
+        self.ids: ExpiringMap[tuple[str, str], tuple[str, bytes, float]] = ExpiringMap(
             n, ttl, st.clock
         )
         # volume id -> when ControllerExpandVolume answered FAILED_PRECONDITION, while no
@@ -102,6 +113,34 @@ def _rules(title: str) -> list[Rule]:
             note="Whether the other arguments are compatible with the first volume is the"
             " plugin's judgement, so answering the first volume is allowed; making a second"
             " one is not. Judged within a leader-election lease of the first answer.",
+        ),
+        Rule(
+            "csi.id-reused",
+            MUST,
+            (PLUGIN,),
+            f"{title} §{{rpc}}",
+            "CreateSnapshot or CreateVolumeGroupSnapshot answered OK with an id this socket saw"
+            " answered within the last 15 s for another name and other sources, with no"
+            " delete of it seen since: one id for two snapshots, where an id identifies one.",
+            reject_code=None,
+            note="Sources compared as a set (a group's order of volumes is no other source)."
+            " Judged within a leader-election lease of the first answer: later, another"
+            " replica may have deleted the first and a plugin deriving ids from its own"
+            " counters made the id again. A snapshot of the same source under another name"
+            " is not judged.",
+        ),
+        Rule(
+            "csi.volume-id-reused",
+            SHOULD,
+            (PLUGIN,),
+            f"{title} §CreateVolume",
+            "CreateVolume answered OK for one name with a volume_id this socket saw answered"
+            " within the last 15 s for another name, with no delete of it seen since: one id"
+            " for two volumes, where an id identifies one.",
+            reject_code=None,
+            note="Advisory: a plugin handing several names one shared volume (a share"
+            " without a directory per volume) answers one id for what is one volume. Judged"
+            " within a leader-election lease of the first answer.",
         ),
         Rule(
             "csi.deleted-object-answered",
@@ -296,15 +335,27 @@ def _name_reused(
     memory = st.part(RecoveryMemory)
     now = memory.clock()
     arguments = _arguments(req, _NAME_ARGUMENTS[rpc])
+    whole = message_digest(req)
+    yield from _id_reused(cs, memory, rpc, kind, made, req.name, arguments, now)
     earlier = memory.names.get((rpc, req.name))
-    memory.names[(rpc, req.name)] = (arguments, made, now)
+    memory.names[(rpc, req.name)] = (arguments, made, now, whole)
     if earlier is None:
         return
-    first_arguments, first, when = earlier
+    first_arguments, first, when, first_whole = earlier
     deleted = memory.deleted.get(f"{kind}:{first}")
-    if first == made or first_arguments == arguments or now - when > HANDOVER:
+    if first == made or now - when > HANDOVER:
         return
     if deleted is not None and deleted >= when:
+        return
+    if first_arguments == arguments:
+        if first_whole != whole:  # an identical repeat is judged where it is remembered
+            yield Violation(
+                cs.rule("create-not-idempotent"),
+                "name",
+                f"{rpc} repeated with the same name and arguments (other secrets, or the"
+                f" same sources or parameters in another order) answered another {kind}"
+                f" than it did {ago(now - when)}, and no delete of that {kind} was seen",
+            )
         return
     rule = cs.find("volume-name-reused" if rpc == "CreateVolume" else "name-reused")
     if rule is None:
@@ -315,6 +366,57 @@ def _name_reused(
         f"{rpc} answered OK with another {kind} for a name answered {ago(now - when)} with"
         f" other arguments, and no delete of that {kind} was seen",
     )
+
+
+def _id_reused(
+    cs: CompiledSpec,
+    memory: RecoveryMemory,
+    rpc: str,
+    kind: str,
+    made: str,
+    name: str,
+    arguments: bytes,
+    now: float,
+) -> Iterable[Violation]:
+    """The id a create answered was answered within a lease for another name (item of
+    ``memory.ids``), with no delete of it seen since."""
+    earlier = memory.ids.get((rpc, made))
+    memory.ids[(rpc, made)] = (name, arguments, now)
+    if earlier is None:
+        return
+    first_name, first_arguments, when = earlier
+    if first_name == name or now - when > HANDOVER:
+        return
+    deleted = memory.deleted.get(f"{kind}:{made}")
+    if deleted is not None and deleted >= when:
+        return
+    if rpc == "CreateVolume":
+        rule = cs.find("volume-id-reused")
+    elif _sources(first_arguments) != _sources(arguments):
+        rule = cs.find("id-reused")
+    else:
+        return  # a snapshot of the same source under two names: not judged
+    if rule is None:
+        return  # CSI v0.3 says nothing of an id identifying one object
+    yield Violation(
+        rule,
+        _ID_FIELD[kind],
+        f"{rpc} answered the {kind} id it answered {ago(now - when)} for another name"
+        + ("" if rpc == "CreateVolume" else " and other sources")
+        + ", with no delete of it seen since: one id for two objects",
+    )
+
+
+_ID_FIELD = {
+    "volume": "volume.volume_id",
+    "snapshot": "snapshot.snapshot_id",
+    "group": "group_snapshot.group_snapshot_id",
+}
+
+
+def _sources(arguments: bytes) -> bytes:
+    """The sources part of a snapshot create's arguments (see _NAME_ARGUMENTS)."""
+    return arguments.split(b"\x00", 1)[0]
 
 
 def _group_deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:

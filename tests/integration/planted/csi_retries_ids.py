@@ -12,7 +12,11 @@ from tests.integration.planted.csi_v1_part1b_builders import (
     VOL,
     controller,
     create,
+    group,
+    group_background,
     publish,
+    snapshot,
+    take,
     volume,
 )
 from tests.integration.planted.harness import Case, Step
@@ -168,5 +172,205 @@ CASES += [
         v0.background(),
         "ControllerPublishVolume retried after RESOURCE_EXHAUSTED in a burst with jitter",
         twin_allows=_UNRESOLVED,
+    ),
+]
+
+
+# -- idempotency beyond byte-identical repeats, and ids naming one object -------------------
+# (CSI v1.12 §CreateVolume, §CreateSnapshot, §CreateVolumeGroupSnapshot and their id fields)
+SNAPSHOTS = controller("CREATE_DELETE_SNAPSHOT")
+GROUPS = group_background()
+PAIR = (("snap-a", "vol-a"), ("snap-b", "vol-b"))
+OTHER_PAIR = (("snap-a2", "vol-a"), ("snap-b2", "vol-b"))
+ROTATED = {"token": "rotated"}
+
+
+def _group_request(name: str, sources: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "source_volume_ids": sources, **extra}
+
+
+def _snap(name: str, source: str, **extra: Any) -> dict[str, Any]:
+    return {**take(name, source), **extra}
+
+
+def _twice(
+    statement: str,
+    rule: str,
+    rpc: str,
+    first: tuple[dict[str, Any], dict[str, Any]],
+    second: dict[str, Any],
+    breach_answer: dict[str, Any],
+    background: dict[str, Any],
+    why: str,
+    variant: str = "",
+) -> Case:
+    """A create answered, then ``second`` answered as the first (twin) or otherwise."""
+    return Case(
+        SPEC,
+        (statement,),
+        rule,
+        breach=(Step(rpc, first[0], answer=first[1]), Step(rpc, second, answer=breach_answer)),
+        twin=(Step(rpc, first[0], answer=first[1]), Step(rpc, second, answer=first[1])),
+        background=background,
+        party="plugin",
+        why=why,
+        variant=variant,
+    )
+
+
+CASES += [
+    _twice(
+        "CreateVolumeGroupSnapshot.4",
+        "csi.create-not-idempotent",
+        "CreateVolumeGroupSnapshot",
+        (_group_request("group-pvc", ["vol-a", "vol-b"]), group("group-1", PAIR)),
+        _group_request("group-pvc", ["vol-b", "vol-a"]),
+        group("group-2", OTHER_PAIR),
+        GROUPS,
+        "the same group repeated with its sources in another order answered a second group",
+        variant="sources-reordered",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolumeGroupSnapshot.4",),
+        "csi.create-not-idempotent",
+        breach=(
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-pvc", ["vol-a", "vol-b"]),
+                answer=group("group-1", PAIR),
+            ),
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-pvc", ["vol-b", "vol-a"], secrets=ROTATED),
+                answer=group("group-2", OTHER_PAIR),
+            ),
+        ),
+        twin=(
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-pvc", ["vol-a", "vol-b"]),
+                answer=group("group-1", PAIR),
+            ),
+            Step(
+                "DeleteVolumeGroupSnapshot",
+                {"group_snapshot_id": "group-1", "snapshot_ids": ["snap-a", "snap-b"]},
+                answer={},
+            ),
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-pvc", ["vol-b", "vol-a"], secrets=ROTATED),
+                answer=group("group-2", OTHER_PAIR),
+            ),
+        ),
+        background=GROUPS,
+        party="plugin",
+        why="the same group repeated with rotated secrets answered a second group, the first not deleted",
+        variant="secrets-rotated",
+    ),
+    _twice(
+        "CreateSnapshot.2",
+        "csi.create-not-idempotent",
+        "CreateSnapshot",
+        (
+            _snap("snapshot-1", VOL, parameters={"a": "1", "b": "2"}),
+            {"snapshot": snapshot("snap-1")},
+        ),
+        _snap("snapshot-1", VOL, parameters={"b": "2", "a": "1"}, secrets=ROTATED),
+        {"snapshot": snapshot("snap-2")},
+        SNAPSHOTS,
+        "the same snapshot repeated with other secrets and its parameters reordered answered another snapshot",
+        variant="secrets-and-map-order",
+    ),
+    _twice(
+        "CreateVolume.2",
+        "csi.create-not-idempotent",
+        "CreateVolume",
+        (create(), volume()),
+        create(secrets={"password": "rotated"}),
+        volume("vol-2"),
+        BG,
+        "the same volume repeated with rotated secrets answered a second volume",
+        variant="secrets-rotated",
+    ),
+    Case(
+        SPEC,
+        ("The-ready-to-use-Parameter.12",),
+        "csi.id-reused",
+        breach=(
+            Step(
+                "CreateSnapshot",
+                take("snapshot-1", VOL),
+                answer={"snapshot": snapshot("snap-1", VOL)},
+            ),
+            Step(
+                "CreateSnapshot",
+                take("snapshot-2", "vol-2"),
+                answer={"snapshot": snapshot("snap-1", "vol-2")},
+            ),
+        ),
+        twin=(
+            Step(
+                "CreateSnapshot",
+                take("snapshot-1", VOL),
+                answer={"snapshot": snapshot("snap-1", VOL)},
+            ),
+            Step(
+                "CreateSnapshot",
+                take("snapshot-2", "vol-2"),
+                answer={"snapshot": snapshot("snap-2", "vol-2")},
+            ),
+        ),
+        background=SNAPSHOTS,
+        party="plugin",
+        why="two snapshots of other names and sources answered one snapshot_id",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolumeGroupSnapshot.16",),
+        "csi.id-reused",
+        breach=(
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-1", ["vol-a", "vol-b"]),
+                answer=group("group-1", PAIR),
+            ),
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-2", ["vol-c"]),
+                answer=group("group-1", (("snap-c", "vol-c"),)),
+            ),
+        ),
+        twin=(
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-1", ["vol-a", "vol-b"]),
+                answer=group("group-1", PAIR),
+            ),
+            Step(
+                "CreateVolumeGroupSnapshot",
+                _group_request("group-2", ["vol-c"]),
+                answer=group("group-2", (("snap-c", "vol-c"),)),
+            ),
+        ),
+        background=GROUPS,
+        party="plugin",
+        why="two group snapshots of other names and sources answered one group_snapshot_id",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.48",),
+        "csi.volume-id-reused",
+        breach=(
+            Step("CreateVolume", create("pvc-1"), answer=volume("vol-1")),
+            Step("CreateVolume", create("pvc-2"), answer=volume("vol-1")),
+        ),
+        twin=(
+            Step("CreateVolume", create("pvc-1"), answer=volume("vol-1")),
+            Step("CreateVolume", create("pvc-2"), answer=volume("vol-2")),
+        ),
+        background=BG,
+        party="plugin",
+        why="two volumes of other names answered one volume_id, no delete between",
     ),
 ]
