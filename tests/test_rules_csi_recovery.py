@@ -222,3 +222,28 @@ def test_one_id_for_two_names_is_not_judged_in_v0(monkeypatch: pytest.MonkeyPatc
     p = Proxy("csi.v0")
     p.create("vol-1", name="pvc-1")
     assert not {ID_REUSED, VOLUME_ID_REUSED} & p.create("vol-1", name="pvc-2")
+
+
+LISTED = "csi.deleted-snapshot-listed"
+
+
+@pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
+def test_a_snapshot_listed_after_its_delete_answered_is_found(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CSI v1.12 / v0.3 §ListSnapshots: a listing holds the snapshots the storage system has
+    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {LISTED})
+    p = Proxy(spec)
+    sid = "snapshot_id" if spec == "csi.v1" else "id"
+    extra = {"ready_to_use": True} if spec == "csi.v1" else {"status": {"type": "READY"}}
+    snap = {sid: "snap-1", "source_volume_id": "vol-1", **extra}
+    listing = {"entries": [{"snapshot": snap}]}
+    assert LISTED not in p.ids("ListSnapshots", {}, listing)  # nothing deleted yet
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    assert LISTED in p.ids("ListSnapshots", {}, listing)
+    assert LISTED not in p.ids("ListSnapshots", {}, {"entries": []})
+    p.clock.now += 16
+    assert LISTED not in p.ids("ListSnapshots", {}, listing)  # a lease later: not judged
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    p.call("CreateSnapshot", {"name": "s1", "source_volume_id": "vol-1"}, {"snapshot": snap})
+    assert LISTED not in p.ids("ListSnapshots", {}, listing)  # made again since

@@ -30,6 +30,9 @@ judges byte-identical repeats only. The other way round, one id answered for two
 within a lease, no delete seen between, is ``csi.id-reused`` (snapshots and groups of other
 sources) or the SHOULD ``csi.volume-id-reused`` (a shared volume may serve several names).
 
+A snapshot listed by ListSnapshots asked after its DeleteSnapshot answered OK within a lease,
+with no create answering it since, is ``csi.deleted-snapshot-listed``.
+
 The memory is bounded and expires with the lifecycle (SpecState.lifecycle_ttl): objects
 deleted longer ago, and refusals older than that, are not judged.
 """
@@ -155,6 +158,19 @@ def _rules(title: str) -> list[Rule]:
             " may have made an object of the same id again (ids derived from names).",
         ),
         Rule(
+            "csi.deleted-snapshot-listed",
+            MUST,
+            (PLUGIN,),
+            f"{title} §ListSnapshots",
+            "ListSnapshots listed a snapshot whose DeleteSnapshot answered OK on this socket"
+            " within the last 15 s, before the listing was asked, with no create answering"
+            " that id since: a listing holds the snapshots the storage system has.",
+            reject_code=None,
+            note="Judged within a leader-election lease of the delete: later, another replica"
+            " may have made a snapshot of the same id again (ids derived from names). A"
+            " listing asked before the delete was answered is not judged.",
+        ),
+        Rule(
             "csi.retry-deleted-object",
             MUST,
             (CO,),
@@ -273,6 +289,42 @@ def _retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Vi
         f" delete answered OK on this socket ({ago(now - deleted)}): the CO MUST verify it"
         " exists before retrying",
     )
+
+
+# -- a deleted snapshot listed ---------------------------------------------------------------
+_ASKED = "recovery.asked"  # call.stage_state: when the listing's request came
+
+
+def _list_asked(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
+    memory = st.part(RecoveryMemory)
+    if len(memory.deleted):
+        call.stage_state[_ASKED] = memory.clock()
+    return ()
+
+
+def _deleted_listed(
+    cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
+) -> Iterable[Violation]:
+    asked = call.stage_state.get(_ASKED)
+    if not isinstance(asked, float):
+        return
+    memory = st.part(RecoveryMemory)
+    now = memory.clock()
+    listed = []
+    for entry in resp.entries:
+        if not entry.HasField("snapshot"):
+            continue
+        deleted = memory.deleted.get(f"snapshot:{_id_of(entry.snapshot, 'snapshot_id', 'id')}")
+        if deleted is not None and deleted <= asked and now - deleted <= HANDOVER:
+            listed.append(deleted)
+    if listed:
+        yield Violation(
+            cs.rule("deleted-snapshot-listed"),
+            "entries",
+            f"ListSnapshots listed {len(listed)} snapshot(s) whose DeleteSnapshot answered OK"
+            f" on this socket before the listing was asked (the latest {ago(now - max(listed))}),"
+            " with no create answering them since",
+        )
 
 
 # -- bookkeeping on success -----------------------------------------------------------------
@@ -509,7 +561,12 @@ def _expand_refused(
 # CSI v0.3 has no expansion, no snapshots named in DeleteVolume's row and no statement on
 # one piece of storage per name.
 _V0_RULES = frozenset(
-    {"csi.name-reused", "csi.deleted-object-answered", "csi.retry-deleted-object"}
+    {
+        "csi.name-reused",
+        "csi.deleted-object-answered",
+        "csi.retry-deleted-object",
+        "csi.deleted-snapshot-listed",
+    }
 )
 
 
@@ -518,6 +575,7 @@ def hooks(title: str, v1: bool) -> Hooks:
     v1_only = ("ControllerExpandVolume", "ControllerGetVolume", "ControllerModifyVolume")
     rpcs = [r for r in _VERIFY_AFTER_NOT_FOUND if v1 or r not in v1_only]
     request_checks: dict[str, tuple[Any, ...]] = {rpc: (_retry,) for rpc in rpcs}
+    request_checks["ListSnapshots"] = (_list_asked,)
     on_error: dict[str, tuple[Any, ...]] = {rpc: (_not_found,) for rpc in rpcs}
     if v1:
         request_checks["DeleteVolume"] = (_delete_retry,)
@@ -529,6 +587,7 @@ def hooks(title: str, v1: bool) -> Hooks:
     answered += ["CreateSnapshot", "ControllerGetVolume", "GetSnapshot"] if v1 else []
     answered += [] if v1 else ["ControllerUnpublishVolume"]
     response_checks: dict[str, tuple[Any, ...]] = {rpc: (_deleted_answered,) for rpc in answered}
+    response_checks["ListSnapshots"] = (_deleted_listed,)
     creates = ["CreateVolume", "CreateSnapshot"] + (["CreateVolumeGroupSnapshot"] if v1 else [])
     for rpc in creates:
         response_checks[rpc] = (*response_checks.get(rpc, ()), _name_reused)

@@ -374,3 +374,28 @@ CASES += [
         why="two volumes of other names answered one volume_id, no delete between",
     ),
 ]
+
+
+# -- a snapshot listed after its delete answered OK (§ListSnapshots) -------------------------
+def _listed_after_delete(spec: str, entry: dict[str, Any], background: dict[str, Any]) -> Case:
+    delete = Step("DeleteSnapshot", {"snapshot_id": "snap-1"}, answer={})
+    return Case(
+        spec,
+        ("ListSnapshots.2",),
+        "csi.deleted-snapshot-listed",
+        breach=(delete, Step("ListSnapshots", {}, answer={"entries": [entry]})),
+        twin=(delete, Step("ListSnapshots", {}, answer={"entries": []})),
+        background=background,
+        party="plugin",
+        why="a snapshot whose DeleteSnapshot answered OK just before is still listed",
+    )
+
+
+CASES += [
+    _listed_after_delete(
+        SPEC,
+        {"snapshot": snapshot("snap-1")},
+        controller("CREATE_DELETE_SNAPSHOT", "LIST_SNAPSHOTS"),
+    ),
+    _listed_after_delete(v0.SPEC, v0.snapshot("snap-1"), v0.background()),
+]
