@@ -1,7 +1,8 @@
-"""CSI v1.12 §CreateVolume, volume_capabilities: the volume a CreateVolume answered OK has
-every capability listed, usable with any of them (block and mount alike when both are
-listed). The breach validates one of them right after the create and the plugin does not
-confirm it; the twin confirms it."""
+"""CSI v1.12 §CreateVolume, volume_capabilities and volume_content_source: the volume a
+CreateVolume answered OK has every capability listed, usable with any of them (block and
+mount alike when both are listed), and a plugin advertising snapshots or clones creates
+from them. Also the table's first cases (§GetPluginInfo's name, CreateVolume's
+idempotency). Each breach has its legitimate twin."""
 
 from __future__ import annotations
 
@@ -73,4 +74,34 @@ def sourced(statement: str, source: dict[str, Any], cap: str) -> Case:
 CASES += [
     sourced("CreateVolume.27", {"snapshot": {"snapshot_id": "snap-1"}}, "CREATE_DELETE_SNAPSHOT"),
     sourced("CreateVolume.29", {"volume": {"volume_id": "vol-0"}}, "CLONE_VOLUME"),
+]
+
+
+# §GetPluginInfo (name REQUIRED) and §CreateVolume (idempotent: a repeat of a create gets
+# the same volume): the first two cases of the table.
+INFO_OK = {"name": "example.com.plugin", "vendor_version": "1.0.0"}
+_CREATE = {"name": "pvc-1", "volume_capabilities": [RWO]}
+CASES += [
+    Case(
+        SPEC,
+        ("GetPluginInfo.4",),
+        "csi.required-field",
+        breach=(Step("GetPluginInfo", answer={"vendor_version": "1.0.0"}),),
+        twin=(Step("GetPluginInfo", answer=INFO_OK),),
+        party="plugin",
+    ),
+    Case(
+        SPEC,
+        ("CreateVolume.2",),
+        "csi.create-not-idempotent",
+        breach=(
+            Step("CreateVolume", _CREATE, answer={"volume": {"volume_id": "v1"}}),
+            Step("CreateVolume", _CREATE, answer={"volume": {"volume_id": "v2"}}),
+        ),
+        twin=(
+            Step("CreateVolume", _CREATE, answer={"volume": {"volume_id": "v1"}}),
+            Step("CreateVolume", _CREATE, answer={"volume": {"volume_id": "v1"}}),
+        ),
+        background=v1_background(),
+    ),
 ]
