@@ -120,9 +120,6 @@ GRANT = {
 }
 GRANT_BAD = {k: v for k, v in GRANT.items() if k != "bucket_id"}
 
-GRANT = {"bucket_id": "bucket-1", "name": "access-1", "authentication_type": "Key"}
-GRANT_BAD = {k: v for k, v in GRANT.items() if k != "bucket_id"}
-
 CASES += [
     wrong_code(
         "csi.v1",
