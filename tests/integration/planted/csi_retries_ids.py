@@ -399,3 +399,39 @@ CASES += [
     ),
     _listed_after_delete(v0.SPEC, v0.snapshot("snap-1"), v0.background()),
 ]
+
+
+# CSI v0.3: the same repeats, its secrets fields named per RPC.
+def _v0_twice(statement: str, rpc: str, first: Any, second: Any, answer: Any, why: str) -> Case:
+    return Case(
+        v0.SPEC,
+        (statement,),
+        "csi.create-not-idempotent",
+        breach=(Step(rpc, first[0], answer=first[1]), Step(rpc, second, answer=answer)),
+        twin=(Step(rpc, first[0], answer=first[1]), Step(rpc, second, answer=first[1])),
+        background=v0.background(),
+        party="plugin",
+        why=why,
+        variant="secrets-rotated",
+    )
+
+
+CASES += [
+    _v0_twice(
+        "CreateVolume.2",
+        "CreateVolume",
+        (v0.create(), v0.volume()),
+        v0.create(controller_create_secrets={"password": "rotated"}),
+        v0.volume("vol-2"),
+        "the same volume repeated with rotated secrets answered a second volume",
+    ),
+    _v0_twice(
+        "CreateSnapshot.2",
+        "CreateSnapshot",
+        (v0.snapshot_request(parameters={"a": "1", "b": "2"}), v0.snapshot("snap-1")),
+        v0.snapshot_request(parameters={"b": "2", "a": "1"}, create_snapshot_secrets=ROTATED),
+        v0.snapshot("snap-2"),
+        "the same snapshot repeated with other secrets and its parameters reordered answered"
+        " another snapshot",
+    ),
+]
