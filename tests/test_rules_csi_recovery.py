@@ -247,3 +247,14 @@ def test_a_snapshot_listed_after_its_delete_answered_is_found(
     p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
     p.call("CreateSnapshot", {"name": "s1", "source_volume_id": "vol-1"}, {"snapshot": snap})
     assert LISTED not in p.ids("ListSnapshots", {}, listing)  # made again since
+
+
+def test_a_metadata_delta_retried_after_not_found_naming_a_deleted_base_is_found() -> None:
+    p = Proxy()
+    p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    req = {"base_snapshot_id": "snap-1", "target_snapshot_id": "snap-2"}
+    assert DELETED not in p.ids("GetMetadataDelta", req, [], "NOT_FOUND")
+    assert DELETED in p.ids("GetMetadataDelta", req, [], "NOT_FOUND")
+    other = {"base_snapshot_id": "snap-3", "target_snapshot_id": "snap-2"}
+    p.ids("GetMetadataDelta", other, [], "NOT_FOUND")
+    assert DELETED not in p.ids("GetMetadataDelta", other, [], "NOT_FOUND")  # not seen deleted

@@ -60,6 +60,8 @@ _VERIFY_AFTER_NOT_FOUND = (
     "ControllerGetVolume",
     "ControllerModifyVolume",
     "CreateSnapshot",
+    "GetMetadataAllocated",
+    "GetMetadataDelta",
 )
 
 
@@ -222,7 +224,18 @@ def _object_key(rpc: str, req: Any) -> str:
         return f"{kind}:{found}" if found else ""
     if rpc == "CreateSnapshot":
         return f"volume:{req.source_volume_id}" if req.source_volume_id else ""
+    if rpc == "GetMetadataAllocated":
+        return f"snapshot:{req.snapshot_id}" if req.snapshot_id else ""
     return f"volume:{req.volume_id}" if req.volume_id else ""
+
+
+def _object_keys(rpc: str, req: Any) -> list[str]:
+    """The objects a call's NOT_FOUND may be about (a delta names two snapshots)."""
+    if rpc == "GetMetadataDelta":
+        ids = (req.base_snapshot_id, req.target_snapshot_id)
+        return [f"snapshot:{i}" for i in ids if i]
+    key = _object_key(rpc, req)
+    return [key] if key else []
 
 
 def _id_of(message: Any, *names: str) -> str:
@@ -239,9 +252,8 @@ def _not_found(
     cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
 ) -> Iterable[Violation]:
     if code == "NOT_FOUND":
-        key = _object_key(call.method.name, req)
-        if key:
-            memory = st.part(RecoveryMemory)
+        memory = st.part(RecoveryMemory)
+        for key in _object_keys(call.method.name, req):
             memory.not_found[(call.method.name, key)] = memory.clock()
     return ()
 
@@ -275,10 +287,12 @@ def _retry(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Vi
     if not len(memory.not_found):
         return
     rpc = call.method.name
-    key = _object_key(rpc, req)
-    refused = memory.not_found.get((rpc, key)) if key else None
-    deleted = memory.deleted.get(key) if refused is not None else None
-    if refused is None or deleted is None:
+    for key in _object_keys(rpc, req):
+        refused = memory.not_found.get((rpc, key))
+        deleted = memory.deleted.get(key) if refused is not None else None
+        if refused is not None and deleted is not None:
+            break
+    else:
         return
     now = memory.clock()
     kind = key.partition(":")[0]
@@ -572,7 +586,13 @@ _V0_RULES = frozenset(
 
 def hooks(title: str, v1: bool) -> Hooks:
     """The family for the CSI version cited as ``title`` (v0.3 has no expansion)."""
-    v1_only = ("ControllerExpandVolume", "ControllerGetVolume", "ControllerModifyVolume")
+    v1_only = (
+        "ControllerExpandVolume",
+        "ControllerGetVolume",
+        "ControllerModifyVolume",
+        "GetMetadataAllocated",
+        "GetMetadataDelta",
+    )
     rpcs = [r for r in _VERIFY_AFTER_NOT_FOUND if v1 or r not in v1_only]
     request_checks: dict[str, tuple[Any, ...]] = {rpc: (_retry,) for rpc in rpcs}
     request_checks["ListSnapshots"] = (_list_asked,)

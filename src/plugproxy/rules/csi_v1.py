@@ -408,7 +408,13 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
     "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"
     "CreateSnapshot": {"ALREADY_EXISTS": _SNAPSHOT_ARGUMENTS},
-    "DeleteSnapshot": {"INVALID_ARGUMENT": None},  # part of a group: "SHOULD stop calling"
+    # Part of a group: the caller "SHOULD stop calling DeleteSnapshot" for it (advisory).
+    "DeleteSnapshot": {
+        "INVALID_ARGUMENT": FixFirst(
+            "SHOULD stop calling DeleteSnapshot and delete the group instead",
+            rule="retry-advised-unchanged",
+        )
+    },
     "ControllerExpandVolume": {"INVALID_ARGUMENT": None, "OUT_OF_RANGE": _RANGE},  # MAY
     "NodeStageVolume": {"ALREADY_EXISTS": _STAGED_ARGUMENTS},
     "NodePublishVolume": {

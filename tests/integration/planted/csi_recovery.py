@@ -215,3 +215,64 @@ CASES += [
         party="plugin",
     ),
 ]
+
+
+METADATA = v1_background(
+    plugin=("CONTROLLER_SERVICE", "SNAPSHOT_METADATA_SERVICE"),
+    controller=("CREATE_DELETE_SNAPSHOT",),
+)
+
+
+def metadata_after_delete(statement: str, rpc: str, request: dict[str, Any]) -> Case:
+    deleting = Step("DeleteSnapshot", {"snapshot_id": "snap-1"})
+    refused = Step(rpc, request, error=("NOT_FOUND", "no snapshot snap-1"))
+    return Case(
+        V1,
+        (statement,),
+        DELETED,
+        breach=(
+            deleting,
+            refused,
+            Step(rpc, request, error=("NOT_FOUND", "no snapshot"), wait=0.1),
+        ),
+        twin=(deleting, refused),
+        background=METADATA,
+        party="co",
+    )
+
+
+GROUP_MEMBER = ("INVALID_ARGUMENT", "snap-1 is part of a group snapshot")
+
+CASES += [
+    metadata_after_delete(
+        "GetMetadataAllocated-Errors.lc3", "GetMetadataAllocated", {"snapshot_id": "snap-1"}
+    ),
+    metadata_after_delete(
+        "GetMetadataDelta-Errors.lc3",
+        "GetMetadataDelta",
+        {"base_snapshot_id": "snap-1", "target_snapshot_id": "snap-2"},
+    ),
+    Case(
+        V1,
+        ("DeleteSnapshot-Errors.3", "DeleteSnapshot-Errors.4"),
+        "csi.retry-advised-unchanged",
+        breach=(
+            Step("DeleteSnapshot", {"snapshot_id": "snap-1"}, error=GROUP_MEMBER),
+            Step("DeleteSnapshot", {"snapshot_id": "snap-1"}, error=GROUP_MEMBER, wait=0.1),
+        ),
+        twin=(
+            Step("DeleteSnapshot", {"snapshot_id": "snap-1"}, error=GROUP_MEMBER),
+            Step(
+                "DeleteVolumeGroupSnapshot",
+                {"group_snapshot_id": "group-1", "snapshot_ids": ["snap-1", "snap-2"]},
+                wait=0.1,
+            ),
+        ),
+        background=v1_background(
+            controller=("CREATE_DELETE_SNAPSHOT",),
+            group=("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",),
+        ),
+        party="co",
+        variant="group-member",
+    ),
+]

@@ -138,6 +138,8 @@ class ScriptedPlugin(grpc.GenericRpcHandler):  # type: ignore[misc, unused-ignor
             step = self.steps[int(md[STEP_KEY])]
             if step.hold:
                 await asyncio.sleep(step.hold)
+            if step.error is not None and step.answer is None:
+                return [], step.error, step.trailers  # refused before any message
             return encode(info, step.answer), step.error, step.trailers
         if info.name in self.background:
             return encode(info, self.background[info.name]), None, ()
