@@ -42,6 +42,18 @@ TRANSPORT_CODES = frozenset(
 # The topologies a CO sends mostly repeat what the plugin reported (NodeGetInfo, a volume's
 # accessible_topology) or an administrator wrote (StorageClass allowedTopologies): the CO
 # did not make them, so enforce mode does not reject them; both parties are reported.
+# The arguments the ALREADY_EXISTS rows of CreateVolume and CreateSnapshot compare (CSI
+# v1.12 and v0.3): a create of the same name keeping them all keeps an incompatibility, and
+# one changing any of them names another object. Secrets are never among them.
+CREATE_VOLUME_ARGUMENTS = (
+    "capacity_range",
+    "volume_capabilities",
+    "parameters",
+    "accessibility_requirements",
+    "volume_content_source",
+)
+CREATE_SNAPSHOT_ARGUMENTS = ("source_volume_id", "parameters")
+
 ECHOED_TOPOLOGY = (
     "Reported, never enforced: a CO's topologies usually repeat the plugin's own or an"
     " administrator's."

@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.rules.csi_common import CREATE_SNAPSHOT_ARGUMENTS, CREATE_VOLUME_ARGUMENTS
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
 
@@ -346,14 +347,8 @@ def _deleted_listed(
 
 # The arguments a create names and its ALREADY_EXISTS row compares, by RPC.
 _NAME_ARGUMENTS = {
-    "CreateVolume": (
-        "capacity_range",
-        "volume_capabilities",
-        "parameters",
-        "accessibility_requirements",
-        "volume_content_source",
-    ),
-    "CreateSnapshot": ("source_volume_id", "parameters"),
+    "CreateVolume": CREATE_VOLUME_ARGUMENTS,
+    "CreateSnapshot": CREATE_SNAPSHOT_ARGUMENTS,
     "CreateVolumeGroupSnapshot": ("source_volume_ids", "parameters"),
 }
 

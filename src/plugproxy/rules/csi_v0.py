@@ -25,6 +25,8 @@ from plugproxy.rules import (
     csi_responses,
 )
 from plugproxy.rules.csi_common import (
+    CREATE_SNAPSHOT_ARGUMENTS,
+    CREATE_VOLUME_ARGUMENTS,
     TRANSPORT_CODES,
     CsiChecks,
     staging_path_missing,
@@ -216,17 +218,11 @@ _NO_RETRY = FixFirst("MUST NOT retry", must_change=())
 # incompatibility; a retry changing any of them may be the fix.
 _VOLUME_ARGUMENTS = FixFirst(
     "MUST fix the arguments or use another name before retrying",
-    must_change=(
-        "capacity_range",
-        "volume_capabilities",
-        "parameters",
-        "accessibility_requirements",
-        "volume_content_source",
-    ),
+    must_change=CREATE_VOLUME_ARGUMENTS,
 )
 _SNAPSHOT_ARGUMENTS = FixFirst(
     "MUST fix the arguments or use another name before retrying",
-    must_change=("source_volume_id", "parameters"),
+    must_change=CREATE_SNAPSHOT_ARGUMENTS,
 )
 _PUBLISHED_ARGUMENTS = FixFirst(
     "MUST fix the arguments before retrying",

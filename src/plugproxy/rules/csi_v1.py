@@ -29,6 +29,8 @@ from plugproxy.rules import (
     csi_responses,
 )
 from plugproxy.rules.csi_common import (
+    CREATE_SNAPSHOT_ARGUMENTS,
+    CREATE_VOLUME_ARGUMENTS,
     TRANSPORT_CODES,
     CsiChecks,
     staging_path_missing,
@@ -356,20 +358,14 @@ _OTHER_SNAPSHOT_IDS = FixFirst(
 # mutable_parameters are not among them).
 _VOLUME_ARGUMENTS = FixFirst(
     "MUST fix the arguments or use another name before retrying",
-    must_change=(
-        "capacity_range",
-        "volume_capabilities",
-        "parameters",
-        "accessibility_requirements",
-        "volume_content_source",
-    ),
+    must_change=CREATE_VOLUME_ARGUMENTS,
 )
 # The ALREADY_EXISTS rows of §CreateSnapshot, §NodeStageVolume and §NodePublishVolume: the
 # existing snapshot, staging or publication is incompatible with these arguments; a retry
 # for the same object keeping them all (new secrets only) keeps the incompatibility.
 _SNAPSHOT_ARGUMENTS = FixFirst(
     "MUST fix the arguments or use another name before retrying",
-    must_change=("source_volume_id", "parameters"),
+    must_change=CREATE_SNAPSHOT_ARGUMENTS,
 )
 _STAGED_ARGUMENTS = FixFirst(
     "MUST fix the arguments before retrying",
