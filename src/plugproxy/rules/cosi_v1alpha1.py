@@ -413,8 +413,14 @@ def _create_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Itera
 
 
 def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Iterable[Violation]:
-    # Once a delete is on its way, a later create of the name may make a new bucket.
+    # Once a delete is on its way, a later create of the name may make a new bucket, and a
+    # driver deriving bucket ids from names hands the new one the same id: its grants start
+    # afresh (another account_id for an access name is then no change).
     mem = st.part(BucketMemory)
+    for key in [k for k in mem.grants if k[0] == req.bucket_id]:
+        account = mem.grants.pop(key, None)
+        if account is not None:
+            mem.accounts.pop((req.bucket_id, account[0]), None)
     seen = mem.seen.get(req.bucket_id)
     if seen is not None and seen.name:
         created = mem.created.get(seen.name)

@@ -459,3 +459,27 @@ CASES = [
         why="retried after ABORTED while the call it collided with was still pending",
     ),
 ]
+
+# A driver deriving bucket ids from names: the bucket deleted and made again under the same
+# id starts its grants afresh, so another account for the access name is no change.
+CASES.append(
+    Case(
+        SPEC,
+        ("RPC-Interface.lc4",),
+        "cosi.grant-account-changed",
+        breach=(
+            Step("DriverCreateBucket", CREATE, answer=BUCKET),
+            Step("DriverGrantBucketAccess", GRANT, answer=GRANTED),
+            Step("DriverGrantBucketAccess", GRANT, answer={**GRANTED, "account_id": "account-2"}),
+        ),
+        twin=(
+            Step("DriverCreateBucket", CREATE, answer=BUCKET),
+            Step("DriverGrantBucketAccess", GRANT, answer=GRANTED),
+            Step("DriverDeleteBucket", DELETE),
+            Step("DriverCreateBucket", CREATE, answer=BUCKET),
+            Step("DriverGrantBucketAccess", GRANT, answer={**GRANTED, "account_id": "account-2"}),
+        ),
+        party="plugin",
+        variant="bucket-made-again",
+    )
+)
