@@ -415,17 +415,15 @@ def _metadata_stream(
     offsets = [b.byte_offset for b in blocks]
     sizes = [b.size_bytes for b in blocks]
     stream.read += len(offsets)
-    positions: Sequence[int] = range(len(offsets))
-    partial = False
 
     empty = [k for k, size in enumerate(sizes) if size <= 0] if min(sizes) <= 0 else []
     if empty:
-        where = f"block_metadata[{positions[empty[0]]}].size_bytes"
+        where = f"block_metadata[{empty[0]}].size_bytes"
         report(
             "metadata-size-zero",
             where,
             f"{where} is {sizes[empty[0]]}; size_bytes MUST be greater than zero"
-            f" ({_counted(len(empty), partial, 'tuple(s)')})",
+            f" ({_counted(len(empty), False, 'tuple(s)')})",
         )
 
     if stream.last_end is not None:
@@ -445,7 +443,7 @@ def _metadata_stream(
     for k in range(1, len(offsets) if walk else 0):
         problem = _order_problem(offsets[k], offsets[k - 1], ends[k - 1])
         if problem is not None:
-            where = f"block_metadata[{positions[k]}].byte_offset"
+            where = f"block_metadata[{k}].byte_offset"
             report(
                 "metadata-order",
                 where,
@@ -458,12 +456,12 @@ def _metadata_stream(
         same = sizes.count(fixed) == len(sizes)
         differ = [] if same else [k for k, size in enumerate(sizes) if size != fixed]
         if differ:
-            where = f"block_metadata[{positions[differ[0]]}].size_bytes"
+            where = f"block_metadata[{differ[0]}].size_bytes"
             report(
                 "metadata-fixed-length",
                 where,
                 f"{where} is {sizes[differ[0]]}, the stream's FIXED_LENGTH tuples before it"
-                f" are {fixed} bytes ({_counted(len(differ), partial, 'tuple(s)')})",
+                f" are {fixed} bytes ({_counted(len(differ), False, 'tuple(s)')})",
             )
         stream.fixed_size = sizes[-1]
 
