@@ -66,6 +66,18 @@ def test_device_plugin_demo_reads_the_health_stream():
     assert '"envs":{"FAKE_VISIBLE_DEVICES":"***"}' in out
 
 
+def test_dra_demo_prepares_in_both_versions_and_reads_the_health_stream():
+    result = _demo("--spec", "dra")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for version in ("v1", "v1beta1"):
+        for rpc in ("NodePrepareResources", "NodeUnprepareResources"):
+            assert f"/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/{rpc}" in out
+        assert f'spec="dra.{version}"' in out  # each call judged by its own version
+    assert "/v1.DRAResourceHealth/NodeWatchResources" in out and "5 updates" in out
+    assert 'spec="drahealth.v1"' in out and "drahealth.v1 1; violations: 0" in out
+
+
 def test_demo_trace_prints_one_trace_from_the_co_through_the_proxy_into_the_plugin():
     result = _demo("--trace")
     assert result.returncode == 0, result.stderr
@@ -87,3 +99,23 @@ def test_demo_trace_prints_one_trace_from_the_co_through_the_proxy_into_the_plug
     assert durations[1] >= durations[2] >= durations[3] > 0  # each within its parent
     assert "NOT one chain" not in section
     assert "has the proxy's client span as parent" in section
+
+
+def test_cosi_v1alpha2_demo_runs_a_bucket_lifecycle_with_the_credentials_masked():
+    result = _demo("--spec", "cosi.v1alpha2")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for rpc in (
+        "DriverGetInfo",
+        "DriverCreateBucket",
+        "DriverGetExistingBucket",
+        "DriverGrantBucketAccess",
+        "DriverRevokeBucketAccess",
+        "DriverDeleteBucket",
+    ):
+        assert f"  {rpc} " in out
+    assert "6/6 calls succeeded" in out and "2 buckets" in out
+    assert "cosi.grant-bucket-not-answered" in out  # the fake's breach, reported
+    assert '"credentials":{"s3":{"access_key_id":"***","access_secret_key":"***"}}' in out
+    assert 'spec="cosi.v1alpha2"' in out
+    assert "appear in the proxy's log (raw, base64 or hex): no" in out

@@ -32,7 +32,7 @@ from plugproxy.fakes import (
 )
 from plugproxy.fakes import cli as fake_cli
 from plugproxy.fakes.csi_model import NODE_ID
-from plugproxy.fakes.knobs import parse_status_code
+from plugproxy.fakes.knobs import parse_status_code, served_specs
 from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
 from plugproxy.fakes.server import FakeRpcHandler
 from plugproxy.fakes.testing import STATUS_DETAILS_KEY, expect_status, running_fake
@@ -41,7 +41,7 @@ from plugproxy.registry import Registry
 Code = grpc.StatusCode
 MOUNT = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
 INFO_RPC = {"csi.v1": "GetPluginInfo", "csi.v0": "GetPluginInfo", "cmi.v1": "GetPluginInfo"}
-INFO_RPC["cosi.v1alpha1"] = "DriverGetInfo"
+INFO_RPC["cosi.v1alpha1"] = INFO_RPC["cosi.v1alpha2"] = "DriverGetInfo"
 MACHINE_SPEC = json.dumps(
     {"vmPool": "pool-a", "size": "small", "tags": {"kubernetes.io/cluster": "c1"}}
 ).encode()
@@ -62,7 +62,8 @@ def async_test(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., No
 def test_every_spec_method_is_routed(spec: str) -> None:
     plugin = FAKE_SPECS[spec]()
     handler = FakeRpcHandler(plugin)
-    paths = {m.path for m in Registry([spec]).methods(spec)}
+    served = served_specs(spec)  # the DRA fake serves four specs on its socket
+    paths = {m.path for s in served for m in Registry(served).methods(s)}
     # The device plugin API's Registration service is kubelet's, not the plugin's.
     paths -= set(getattr(plugin, "served_by_kubelet", ()))
     assert set(handler.handlers) == paths
@@ -310,7 +311,12 @@ def test_catalogue_is_documented() -> None:
         assert entry.specs <= set(FAKE_SPECS) and entry.specs
         assert "§" in entry.section and entry.description.endswith(".")
         assert entry.requests or entry.responses or entry.error
-        rpcs = {m.name for spec in entry.specs for m in Registry([spec]).methods(spec)}
+        rpcs = {
+            m.name
+            for spec in entry.specs
+            for served in served_specs(spec)
+            for m in Registry([served]).methods(served)
+        }
         for rpc in (*entry.requests, *entry.responses):
             assert rpc in rpcs, f"{entry.name}: {rpc} is no RPC of {sorted(entry.specs)}"
     for spec in FAKE_SPECS:
@@ -351,7 +357,7 @@ async def test_identity_misbehaviours(tmp_path: Path, spec: str) -> None:
         knobs.misbehave = set()
         knobs.plugin_name = "other.example.io"
         assert (await c.call(rpc)).name == "other.example.io"
-        if spec != "cosi.v1alpha1":
+        if not spec.startswith("cosi."):
             version = "version" if spec == "cmi.v1" else "vendor_version"
             assert getattr(good, version)
             knobs.misbehave = {"vendor-version-empty"}
@@ -561,6 +567,121 @@ async def test_cosi_misbehaviours(tmp_path: Path) -> None:
             "DriverGrantBucketAccess", bucket_id=real_id, name="a", authentication_type="Key"
         )
         assert access.account_id == "" and not access.credentials
+
+
+# -- COSI v1alpha2 --------------------------------------------------------------------------
+
+S3 = {"type": "S3"}
+KEY = {"type": "KEY"}
+
+
+def v2_grant(name: str, protocol: str, *bucket_ids: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "account_name": name,
+        "protocol": {"type": protocol},
+        "authentication_type": KEY,
+        "buckets": [{"bucket_id": b, "access_mode": {"mode": "READ_WRITE"}} for b in bucket_ids],
+        **extra,
+    }
+
+
+@async_test
+async def test_cosi_v1alpha2_lifecycle(tmp_path: Path) -> None:
+    async with running_fake("cosi.v1alpha2", tmp_path) as (handle, c):
+        info = await c.call("DriverGetInfo")
+        assert [p.type for p in info.supported_protocols] == [1, 2, 3]  # S3, AZURE, GCS
+        create = functools.partial(c.call, "DriverCreateBucket", protocols=[S3])
+        bucket = await create(name="photos", parameters={"quotaGiB": "10"})
+        assert (await create(name="photos", parameters={"quotaGiB": "10"})) == bucket
+        assert [bucket.protocols.HasField(m) for m in ("s3", "azure", "gcs")] == [True] * 3
+        static = await c.call("DriverGetExistingBucket", existing_bucket_id="static-archive")
+        assert static.bucket_id == "static-archive" and static.protocols.s3.endpoint
+        grant = functools.partial(c.call, "DriverGrantBucketAccess")
+        both = v2_grant("ba-1", "S3", bucket.bucket_id, static.bucket_id)
+        access = await grant(**both)
+        assert [b.bucket_id for b in access.buckets] == [bucket.bucket_id, "static-archive"]
+        assert all(b.bucket_info.HasField("s3") for b in access.buckets)
+        assert access.credentials.s3.access_secret_key and not access.credentials.HasField("gcs")
+        assert (await grant(**both)) == access  # the same access again
+        azure = await grant(**v2_grant("ba-2", "AZURE", bucket.bucket_id))
+        assert azure.credentials.azure.access_token.startswith("sv=")
+        gcs = await grant(**v2_grant("ba-3", "GCS", bucket.bucket_id))
+        assert gcs.credentials.gcs.access_secret and gcs.buckets[0].bucket_info.HasField("gcs")
+        sa = await grant(
+            **v2_grant(
+                "ba-4",
+                "S3",
+                bucket.bucket_id,
+                authentication_type={"type": "SERVICE_ACCOUNT"},
+                service_account_name="app",
+            )
+        )
+        assert sa.HasField("credentials") and not sa.credentials.HasField("s3")
+        revoke = {"account_id": access.account_id, "buckets": [{"bucket_id": bucket.bucket_id}]}
+        for _ in range(2):
+            await c.call("DriverRevokeBucketAccess", **revoke)
+        assert access.account_id not in handle.plugin.accesses
+        for _ in range(2):
+            await c.call("DriverDeleteBucket", bucket_id=bucket.bucket_id)
+        assert bucket.bucket_id not in handle.plugin.buckets
+        assert not handle.plugin.accesses  # the bucket's other accesses went with it
+
+
+@async_test
+async def test_cosi_v1alpha2_errors(tmp_path: Path) -> None:
+    async with running_fake("cosi.v1alpha2", tmp_path) as (_, c):
+        cb = functools.partial(c.call, "DriverCreateBucket")
+        await expect_status(cb(), Code.INVALID_ARGUMENT)
+        await expect_status(cb(name="Upper"), Code.INVALID_ARGUMENT, contains="bucket name")
+        await expect_status(cb(name="bk1", protocols=[{"type": 0}]), Code.INVALID_ARGUMENT)
+        await expect_status(cb(name="bk1", parameters={"quotaGiB": "0"}), Code.OUT_OF_RANGE)
+        bid = (await cb(name="bk1")).bucket_id
+        await expect_status(cb(name="bk1", parameters={"a": "b"}), Code.ALREADY_EXISTS)
+        get = functools.partial(c.call, "DriverGetExistingBucket")
+        await expect_status(get(existing_bucket_id="legacy-7"), Code.NOT_FOUND)
+        await expect_status(get(existing_bucket_id="static/7"), Code.INVALID_ARGUMENT)
+        gr = functools.partial(c.call, "DriverGrantBucketAccess")
+        await expect_status(gr(**v2_grant("ba-1", "UNKNOWN", bid)), Code.INVALID_ARGUMENT)
+        await expect_status(gr(**v2_grant("ba-1", "S3")), Code.INVALID_ARGUMENT)
+        await expect_status(gr(**v2_grant("ba-1", "S3", "nope")), Code.NOT_FOUND)
+        sa = v2_grant("ba-1", "S3", bid, authentication_type={"type": "SERVICE_ACCOUNT"})
+        await expect_status(gr(**sa), Code.INVALID_ARGUMENT, contains="service_account_name")
+        await gr(**v2_grant("ba-1", "S3", bid))
+        await expect_status(
+            gr(**v2_grant("ba-1", "S3", bid, parameters={"role": "admin"})), Code.ALREADY_EXISTS
+        )
+        await expect_status(c.call("DriverRevokeBucketAccess"), Code.INVALID_ARGUMENT)
+
+
+@async_test
+async def test_cosi_v1alpha2_misbehaviours(tmp_path: Path) -> None:
+    knobs = FakeKnobs(
+        misbehave={
+            "cosi-protocol-dropped",
+            "cosi-bucket-id-underscore",
+            "cosi-grant-bucket-left-out",
+            "cosi-grant-other-protocol",
+            "cosi-key-credentials-empty",
+            "cosi-delete-not-found",
+            "cosi-revoke-not-found",
+        }
+    )
+    async with running_fake("cosi.v1alpha2", tmp_path, knobs) as (handle, c):
+        created = await c.call("DriverCreateBucket", name="bk1", protocols=[{"type": "GCS"}])
+        assert created.bucket_id == "bucket_000001" and not created.protocols.HasField("gcs")
+        real = "bucket-000001"
+        assert real in handle.plugin.buckets
+        access = await c.call("DriverGrantBucketAccess", **v2_grant("a1", "S3", real, real))
+        assert len(access.buckets) == 1
+        assert access.buckets[0].bucket_info.HasField("azure")  # S3 was asked for
+        assert not access.buckets[0].bucket_info.HasField("s3")
+        assert access.credentials.HasField("s3") and not access.credentials.s3.access_key_id
+        await expect_status(c.call("DriverDeleteBucket", bucket_id="gone"), Code.NOT_FOUND)
+        await c.call("DriverDeleteBucket", bucket_id=real)
+        await expect_status(
+            c.call("DriverRevokeBucketAccess", account_id="gone", buckets=[{"bucket_id": real}]),
+            Code.NOT_FOUND,
+        )
 
 
 # -- CMI ----------------------------------------------------------------------------------

@@ -233,6 +233,20 @@ CASES: dict[str, Case] = {
         },
         refused=("Deployment/scality-cosi-driver",),
     ),
+    # COSI v0.2 (the v1alpha2 sidecar): no socket named either, but the pod marks the driver
+    # as its default container, so no flag is needed.
+    "hpe-cosi": Case(
+        wired={
+            "hpe-cosi-provisioner": Wired(
+                "hpe-cosi-driver",
+                "unix:///var/lib/cosi/cosi.sock",
+                "unix:///plugin/cosi.sock",
+                "0.0.0.0:9808",
+                0,
+                co("hpe-cosi-provisioner-sidecar"),
+            ),
+        }
+    ),
     # Machine controller and provider linked in-process: no CMI socket, nothing to do.
     "gardener-mcm": Case(),
     # The provider's metrics flag holds 8081: its CMI endpoint moves to 8082.
@@ -673,3 +687,53 @@ def test_a_node_driver_without_any_address_is_refused(capsys: pytest.CaptureFixt
         "left unchanged\n"
         "plugproxy inject: injected 0 of 1 workloads; 1 left unchanged\n"
     )
+
+
+def test_a_cosi_v02_driver_on_the_default_socket_is_its_pods_default_container(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
+    """HPE's COSI v0.2 chart names no socket: the driver is the container the pod marks
+    for kubectl (kubectl.kubernetes.io/default-container), and the proxy decodes with
+    --spec=auto, where v1alpha2 calls are known by their package."""
+    source = (DRIVERS / "hpe-cosi" / "deployment.yaml").read_text(encoding="utf-8")
+    code, out, err = run(capsys, "--image", IMAGE, str(DRIVERS / "hpe-cosi"))
+    assert code == 0, err
+    assert "driver hpe-cosi-driver (by the kubectl.kubernetes.io/default-container" in err
+    pod = pods(out)["hpe-cosi-provisioner"]
+    assert proxy_flags(pod.container("plugproxy"))["--spec"] == "auto"
+
+    def injected(text: str, *args: str) -> tuple[int, str, str]:
+        path = tmp_path / "deployment.yaml"
+        path.write_text(text, encoding="utf-8")
+        return run(capsys, "--image", IMAGE, *args, str(path))
+
+    # Without the annotation, which of the two serves the default socket is the user's to say.
+    marked = "        kubectl.kubernetes.io/default-container: hpe-cosi-driver\n"
+    unmarked = source.replace("      annotations:\n" + marked, "")
+    assert unmarked != source
+    code, out, err = injected(unmarked)
+    assert code == 2 and "hpe-cosi-driver, hpe-cosi-provisioner-sidecar" in err
+    code, out, err = injected(unmarked, "--driver-container=hpe-cosi-driver")
+    assert code == 0 and pods(out)["hpe-cosi-provisioner"].container("plugproxy")
+    # The flag outranks the annotation.
+    sidecar_marked = source.replace(
+        marked, marked.replace("hpe-cosi-driver", "hpe-cosi-provisioner-sidecar")
+    )
+    code, out, err = injected(sidecar_marked, "--driver-container=hpe-cosi-driver")
+    assert code == 0 and "driver hpe-cosi-driver;" in err
+
+
+def test_a_cosi_endpoint_socket_is_decoded_by_its_package(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """COSI_ENDPOINT names the socket of COSI v0.1 and v0.2 binaries alike: --spec=auto."""
+    fixtures = DRIVERS.parent
+    code, out, err = run(
+        capsys,
+        "--image",
+        IMAGE,
+        "--driver-container=cosi-driver",
+        str(fixtures / "ambiguous-cosi.yaml"),
+    )
+    assert code == 0, err
+    assert proxy_flags(pods(out)["acme-cosi"].container("plugproxy"))["--spec"] == "auto"

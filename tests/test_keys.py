@@ -62,6 +62,23 @@ def test_cosi_and_cmi_keys():
     assert keys_for("/cmi.v1.Machine/DeleteMachine", MachineName="m1") == ("machine:m1",)
 
 
+def test_cosi_v1alpha2_keys_name_the_account_and_every_bucket_it_reaches():
+    provisioner = "/sigs.k8s.io.cosi.v1alpha2.Provisioner"
+    buckets = [{"bucket_id": "b1"}, {"bucket_id": "b2"}]
+    assert keys_for(
+        f"{provisioner}/DriverGrantBucketAccess", account_name="ba-1", buckets=buckets
+    ) == ("account-name:ba-1", "bucket:b1", "bucket:b2")
+    assert keys_for(
+        f"{provisioner}/DriverRevokeBucketAccess", account_id="acc-1", buckets=buckets
+    ) == ("account:acc-1", "bucket:b1", "bucket:b2")
+    assert keys_for(f"{provisioner}/DriverGetExistingBucket", existing_bucket_id="b9") == (
+        "bucket:b9",
+    )
+    assert keys_for(f"{provisioner}/DriverCreateBucket", name="bc-1") == ("bucket-name:bc-1",)
+    assert keys_for(f"{provisioner}/DriverDeleteBucket", bucket_id="b1") == ("bucket:b1",)
+    assert keys_for("/sigs.k8s.io.cosi.v1alpha2.Identity/DriverGetInfo") == ()
+
+
 def test_empty_key_fields_give_no_key():
     assert keys_for("/csi.v1.Node/NodeStageVolume") == ()
 

@@ -107,6 +107,43 @@ def test_cosi_credentials_are_masked_with_their_keys_visible():
     assert ALL.secret_values(msg) == {"AKIA-canary", "s3cr3t-canary"}
 
 
+def test_cosi_v1alpha2_credentials_are_masked_though_no_field_is_tagged():
+    spec = load_spec("cosi.v1alpha2")
+    pkg = "sigs.k8s.io.cosi.v1alpha2"
+    assert not any(
+        spec.is_secret_field(fd)
+        for cls in spec.message_classes.values()
+        for fd in cls.DESCRIPTOR.fields
+    )
+    assert masked_fields(ALL, f"{pkg}.S3CredentialInfo") == {"access_key_id", "access_secret_key"}
+    assert masked_fields(ALL, f"{pkg}.AzureCredentialInfo") == {"access_token"}
+    assert masked_fields(ALL, f"{pkg}.GcsCredentialInfo") == {
+        "access_id",
+        "access_secret",
+        "private_key_name",
+        "service_account",
+    }
+    # A create's bucket info is for administrators; a grant's is secret (§DriverGrant...).
+    assert ALL.plan_for(f"{pkg}.DriverCreateBucketResponse") is None
+    cls = spec.message_class(f"{pkg}.DriverGrantBucketAccessResponse")
+    msg = cls(
+        account_id="acct-7",
+        buckets=[{"bucket_id": "b-1", "bucket_info": {"azure": {"storage_account": "acct"}}}],
+        credentials={
+            "azure": {"access_token": "sv=2024&sig=canary", "expiry_timestamp": "2030-01-01Z"}
+        },
+    )
+    assert ALL.render(msg) == {
+        "account_id": "acct-7",
+        "buckets": [{"bucket_id": "b-1", "bucket_info": MASK}],
+        "credentials": {"azure": {"access_token": MASK, "expiry_timestamp": "2030-01-01Z"}},
+    }
+    assert ALL.secret_values(msg) == {"sv=2024&sig=canary", "acct"}
+    # Not advisory: --redact-defaults off keeps them masked.
+    off = redact.for_specs(defaults=False)
+    assert masked_fields(off, f"{pkg}.S3CredentialInfo") == {"access_key_id", "access_secret_key"}
+
+
 def test_cmi_secret_option_resolves_in_its_own_pool():
     # cmi_secret and csi_secret share field number 1059; each resolves in its own pool.
     assert CMI.secret_option is not None and CSI1.secret_option is not None

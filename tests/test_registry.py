@@ -25,13 +25,25 @@ REFERENCE = {
     "csi_v1": SHARED / "csi" / "csi-v1.12.0.proto",
     "csi_v0": SHARED / "csi" / "csi-v0.3.0.proto",
     "cosi_v1alpha1": SHARED / "cosi" / "cosi-v1alpha1.proto",
+    "cosi_v1alpha2": SHARED / "cosi" / "cosi-v1alpha2.proto",
     "cmi_v1": SHARED / "cmi" / "cmi-v1.proto",
     "kms_v2": SHARED / "k8s-plugins" / "kms-v2.proto",
     "deviceplugin_v1beta1": SHARED / "k8s-plugins" / "deviceplugin-v1beta1.proto",
     "dra_v1beta1": SHARED / "k8s-plugins" / "dra-v1beta1.proto",
+    "dra_v1": SHARED / "k8s-plugins" / "dra-v1.proto",
+    "drahealth_v1alpha1": SHARED / "k8s-plugins" / "dra-health-v1alpha1.proto",
+    "drahealth_v1": SHARED / "k8s-plugins" / "dra-health-v1.proto",
     "pluginregistration_v1": SHARED / "k8s-plugins" / "pluginregistration-v1.proto",
 }
-K8S_SPECS = ("kms.v2", "deviceplugin.v1beta1", "dra.v1beta1", "pluginregistration.v1")
+K8S_SPECS = (
+    "kms.v2",
+    "deviceplugin.v1beta1",
+    "dra.v1beta1",
+    "dra.v1",
+    "drahealth.v1alpha1",
+    "drahealth.v1",
+    "pluginregistration.v1",
+)
 
 
 def test_every_spec_loads_into_its_own_pool():
@@ -166,6 +178,9 @@ def test_kubernetes_plugin_apis_load_together_without_a_path_clash():
         "kms.v2": 3,
         "deviceplugin.v1beta1": 6,
         "dra.v1beta1": 2,
+        "dra.v1": 2,
+        "drahealth.v1alpha1": 1,
+        "drahealth.v1": 1,
         "pluginregistration.v1": 2,
     }
     device = together.lookup("/v1beta1.Registration/Register")
@@ -189,13 +204,55 @@ def test_kubernetes_plugin_apis_load_together_without_a_path_clash():
     )
 
 
+def test_auto_tells_the_two_cosi_versions_apart_by_package():
+    """--spec auto: a COSI v0.2 sidecar's calls are v1alpha2's, a v0.1 one's v1alpha1's; the
+    services have the same names in both."""
+    reg = Registry(lazy=True)
+    v2 = reg.lookup("/sigs.k8s.io.cosi.v1alpha2.Provisioner/DriverGrantBucketAccess")
+    v1 = reg.lookup("/cosi.v1alpha1.Provisioner/DriverGrantBucketAccess")
+    assert (v2.spec_name, v1.spec_name) == ("cosi.v1alpha2", "cosi.v1alpha1")
+    assert v2.request_class.DESCRIPTOR.fields_by_name["buckets"].is_repeated
+    assert reg.lookup("/sigs.k8s.io.cosi.v1alpha2.Provisioner/DriverGetExistingBucket").known
+    assert not reg.lookup("/cosi.v1alpha1.Provisioner/DriverGetExistingBucket").known
+    secret = load_spec("cosi.v1alpha2").secret_option
+    assert secret is not None and secret.full_name == "sigs.k8s.io.cosi.v1alpha2.cosi_secret"
+
+
 def test_spec_aliases_name_bundled_specs():
     assert canonical_spec("kms") == "kms.v2"
     assert canonical_spec("device-plugin") == "deviceplugin.v1beta1"
     assert canonical_spec("dra.v1beta1") == "dra.v1beta1"
+    assert canonical_spec("dra") == "dra.v1"  # what kubelet asks for first
+    assert canonical_spec("dra-health") == "drahealth.v1"
     assert all(target in SPEC_NAMES for target in SPEC_ALIASES.values())
     with pytest.raises(ValueError, match=r"unknown spec 'kms\.v1'"):
         canonical_spec("kms.v1")
+
+
+def test_both_dra_versions_and_both_health_versions_resolve_to_their_own_spec():
+    """A DRA plugin's socket serves DRAPlugin v1beta1 and v1 and, beside them,
+    DRAResourceHealth (packages "v1alpha1" and "v1"): each path decodes in its own version."""
+    reg = Registry(lazy=True)
+    dra = "k8s.io.kubelet.pkg.apis.dra"
+    for version in ("v1beta1", "v1"):
+        info = reg.lookup(f"/{dra}.{version}.DRAPlugin/NodePrepareResources")
+        assert info.spec_name == f"dra.{version}" and info.kind is CallKind.UNARY_UNARY
+        assert info.response_class.DESCRIPTOR.full_name == (
+            f"{dra}.{version}.NodePrepareResourcesResponse"
+        )
+    for version in ("v1alpha1", "v1"):
+        info = reg.lookup(f"/{version}.DRAResourceHealth/NodeWatchResources")
+        assert info.spec_name == f"drahealth.{version}" and info.kind is CallKind.UNARY_STREAM
+        assert info.response_class.DESCRIPTOR.full_name == f"{version}.NodeWatchResourcesResponse"
+    # v1 adds Device.share_id, with presence; v1beta1 has no such field.
+    v1 = load_spec("dra.v1").descriptor(f"{dra}.v1.Device").fields_by_name["share_id"]
+    assert v1.has_presence
+    assert (
+        "share_id"
+        not in load_spec("dra.v1beta1").descriptor(f"{dra}.v1beta1.Device").fields_by_name
+    )
+    # The health package "v1" owns only its own service: another service there is unknown.
+    assert not reg.lookup("/v1.DevicePlugin/ListAndWatch").known
 
 
 # -- lazy registries (plugproxy serve's) --------------------------------------------------

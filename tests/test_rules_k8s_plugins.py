@@ -57,8 +57,9 @@ def test_kms_annotation_limits():
     assert [f for f, _ in annotation_problems({"a.b.io": b"x" * (32 * 1024)})] == ["annotations"]
 
 
-async def test_dra_planted_violation_per_party():
-    h = Harness("dra.v1beta1")
+@pytest.mark.parametrize("spec", ["dra.v1beta1", "dra.v1"])
+async def test_dra_planted_violation_per_party(spec):
+    h = Harness(spec)
     good = {"claims": {"uid-1": {"devices": [DEVICE]}}}
     assert await h.call("NodePrepareResources", {"claims": [CLAIM]}, good) == set()
     assert (
@@ -80,6 +81,10 @@ async def test_dra_planted_violation_per_party():
     assert await h.call("NodeUnprepareResources", two, {"claims": {"uid-2": {}}}) == {
         ("dra.claim-not-answered", PLUGIN)
     }
+    # An entry for a claim nobody asked to prepare.
+    assert await h.call(
+        "NodeUnprepareResources", {"claims": [CLAIM]}, {"claims": {"uid-1": {}, "uid-9": {}}}
+    ) == {("dra.claim-not-requested", PLUGIN)}
     assert any("claims[0]" in m for m in h.messages) and not any("uid-" in m for m in h.messages)
 
 
@@ -136,7 +141,16 @@ async def test_plugin_registration_rules():
 
 
 @pytest.mark.parametrize(
-    "spec", ["kms.v2", "deviceplugin.v1beta1", "dra.v1beta1", "pluginregistration.v1"]
+    "spec",
+    [
+        "kms.v2",
+        "deviceplugin.v1beta1",
+        "dra.v1beta1",
+        "dra.v1",
+        "drahealth.v1alpha1",
+        "drahealth.v1",
+        "pluginregistration.v1",
+    ],
 )
 def test_rules_cite_the_api_file_and_are_reported_not_enforced(spec):
     table = TABLES[spec]

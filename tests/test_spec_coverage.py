@@ -29,10 +29,22 @@ SPECS = sorted(statements.SPEC_TEXTS)
 # The share of checkable statements whose rules catch every breach the socket can show, as
 # reached, rounded down. A reading that plants a breach for each claim lowers it where a
 # claim did not hold (the 2026-11-27 reading did, by half for CMI); rules raise it again.
-FULL_FLOOR = {"csi_v1": 0.61, "csi_v0": 0.63, "cosi_v1alpha1": 0.69, "cmi_v1": 0.56}
+FULL_FLOOR = {
+    "csi_v1": 0.61,
+    "csi_v0": 0.63,
+    "cosi_v1alpha1": 0.69,
+    "cosi_v1alpha2": 0.64,
+    "cmi_v1": 0.56,
+}
 # The goal: 95 % judged as far as the socket shows (covered, or all that is left is off the
-# wire) for every spec. It holds for all four; these floors only ever rise.
-AS_FAR_AS_VISIBLE_FLOOR = {"csi_v1": 0.95, "csi_v0": 0.97, "cosi_v1alpha1": 0.97, "cmi_v1": 0.95}
+# wire) for every spec. It holds for all of them; these floors only ever rise.
+AS_FAR_AS_VISIBLE_FLOOR = {
+    "csi_v1": 0.95,
+    "csi_v0": 0.97,
+    "cosi_v1alpha1": 0.97,
+    "cosi_v1alpha2": 0.98,
+    "cmi_v1": 0.95,
+}
 
 SAMPLE = """# Title
 

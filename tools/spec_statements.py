@@ -44,6 +44,7 @@ SPEC_TEXTS: dict[str, tuple[str, str]] = {
     "csi_v1": ("CSI v1.12", "csi/spec-v1.12.0.md"),
     "csi_v0": ("CSI v0.3", "csi/spec-v0.3.0.md"),
     "cosi_v1alpha1": ("COSI v1alpha1", "cosi/spec-v1alpha1.md"),
+    "cosi_v1alpha2": ("COSI v1alpha2", "cosi/spec-v1alpha2.md"),
     "cmi_v1": ("CMI v1", "cmi/spec.md"),
 }
 
@@ -56,6 +57,7 @@ _KEYWORD = re.compile(
 LOWER_CASE_SPANS: dict[str, tuple[tuple[int, int], ...]] = {
     "csi_v1": ((3135, 3445),),  # GetVolumeGroupSnapshot prose, the SnapshotMetadata service
     "cosi_v1alpha1": ((180, 200),),  # the Provisioner service's comments
+    "cosi_v1alpha2": ((460, 700),),  # the id fields' "must be at most 2048 characters"
 }
 _LOWER_KEYWORD = re.compile(r"\b(must not|must|shall not|shall|should not|should)\b")
 # A keyword in quotes or backticks is named, not required ("MUST", `REQUIRED`).
@@ -466,8 +468,9 @@ def render_coverage() -> str:
         "SHALL NOT, REQUIRED, SHOULD, SHOULD NOT or RECOMMENDED, in prose, tables and the\n"
         "protobuf listings' comments; `tools/spec_statements.py list SPEC` prints them) and\n"
         "how plugproxy answers it. Where a spec writes requirements in lower case (CSI's\n"
-        "SnapshotMetadata service, COSI's Provisioner comments) those sentences count too;\n"
-        "their ids end in `.lcN`. Classes: **a** checkable from one call, **b** checkable\n"
+        "SnapshotMetadata service, COSI v1alpha1's Provisioner comments, COSI v1alpha2's\n"
+        "bucket and account id fields) those sentences count too; their ids end in\n"
+        "`.lcN`. Classes: **a** checkable from one call, **b** checkable\n"
         "with what the proxy saw on its socket (capabilities, earlier calls, the messages of\n"
         "one stream), **c** not judgeable from the socket (host and backend effects, other\n"
         "nodes, documentation, deployment, intentions). A checkable statement is *covered*\n"

@@ -103,8 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--spec",
         metavar="NAME",
-        help="look METHOD up in this spec only (csi.v1, csi.v0, cosi.v1alpha1, cmi.v1, kms,"
-        " device-plugin, dra, plugin-registration, or a --descriptor-set's spec)",
+        help="look METHOD up in this spec only (csi.v1, csi.v0, cosi.v1alpha1, cosi.v1alpha2,"
+        " cmi.v1, kms, device-plugin, dra, dra.v1beta1, dra-health, plugin-registration, or a"
+        " --descriptor-set's spec)",
     )
     parser.add_argument(
         "--descriptor-set",

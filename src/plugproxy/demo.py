@@ -1,5 +1,6 @@
 """`plugproxy demo`: a fake CSI plugin, the proxy in front of it, and a full volume lifecycle
-(``--spec kms.v2`` and ``--spec device-plugin``: :mod:`plugproxy.demo_k8s`).
+(``--spec kms.v2``, ``--spec device-plugin`` and ``--spec dra``: :mod:`plugproxy.demo_k8s`;
+``--spec cosi.v1alpha2``, a COSI v0.2 bucket lifecycle: :mod:`plugproxy.demo_cosi`).
 
 Everything runs on temporary UNIX sockets with real gRPC; nothing is left behind.
 """
@@ -123,7 +124,14 @@ TRACED_CALL: tuple[str, dict[str, Any]] = (
         ],
     },
 )
-DEMO_SPECS = ("csi.v1", "kms.v2", "deviceplugin.v1beta1")
+DEMO_SPECS = (
+    "csi.v1",
+    "cosi.v1alpha2",
+    "kms.v2",
+    "deviceplugin.v1beta1",
+    "dra.v1",
+    "drahealth.v1",
+)
 
 # Printed at the end of the CSI demo, which leaves nothing running: the same stack to keep
 # and call by hand (README.md, "Sending a call", shows the same commands).
@@ -155,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--spec",
         dest="demo_spec",
         default="csi.v1",
-        choices=(*DEMO_SPECS, "kms", "device-plugin"),
+        choices=(*DEMO_SPECS, "kms", "device-plugin", "dra", "dra-health"),
         help="which plugin API to demonstrate (default csi.v1: a volume lifecycle)",
     )
     parser.add_argument(
@@ -323,6 +331,10 @@ async def run(ns: argparse.Namespace) -> int:
     spec = SPEC_ALIASES.get(chosen, chosen)
     if spec != "csi.v1" and getattr(ns, "trace", False):
         raise ConfigError("demo --trace traces the CSI demo; leave out --spec or --trace")
+    if spec == "cosi.v1alpha2":
+        from plugproxy import demo_cosi  # noqa: PLC0415 (it imports this module)
+
+        return await demo_cosi.run(ns)
     if spec != "csi.v1":
         from plugproxy import demo_k8s  # noqa: PLC0415 (it imports this module)
 

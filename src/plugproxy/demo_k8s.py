@@ -1,9 +1,11 @@
-"""`plugproxy demo --spec kms.v2|device-plugin`: Kubernetes' own plugin APIs through the proxy.
+"""`plugproxy demo --spec kms.v2|device-plugin|dra`: Kubernetes' own plugin APIs through the proxy.
 
 Same shape as the CSI demo: the bundled fake plugin, the proxy in front of it with payload
 logging on, a real gRPC client, then the call log with the sensitive fields masked. The KMS
 demo shows that the Encrypt/Decrypt round trip worked without printing the plaintext; the
-device plugin demo reads a stream of device health updates through the proxy.
+device plugin demo reads a stream of device health updates through the proxy; the DRA demo
+prepares claims in v1 and v1beta1 on one socket, each judged by its own version, and reads
+the DRA device health stream.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import json
 import os
 import sys
 import tempfile
@@ -24,10 +27,12 @@ import grpc
 from plugproxy import serve
 from plugproxy.demo import Tee
 from plugproxy.fakes import FakeKnobs, start_fake_plugin
+from plugproxy.fakes.knobs import served_specs
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, spec_package
 
 LISTANDWATCH_UPDATES = 5
+DRA = "k8s.io.kubelet.pkg.apis.dra"
 
 
 class _Client:
@@ -35,7 +40,7 @@ class _Client:
 
     def __init__(self, ch: grpc.aio.Channel, spec: str, out: TextIO) -> None:
         self.ch = ch
-        self.registry = Registry([spec])
+        self.registry = Registry(served_specs(spec))
         self.out = out
         self.failures = 0
 
@@ -169,37 +174,84 @@ async def _device_plugin(client: _Client, out: TextIO) -> tuple[bool, bytes]:
     return len(updates) == LISTANDWATCH_UPDATES, b""
 
 
+async def _dra(client: _Client, out: TextIO) -> tuple[bool, bytes]:
+    claims = [
+        {"namespace": "default", "uid": f"4a3f-demo-000{i}", "name": f"gpu-claim-{i}"}
+        for i in range(3)
+    ]
+
+    def devices(r: Any) -> str:
+        got = {uid: [d.device_name for d in e.devices] or e.error for uid, e in r.claims.items()}
+        return f"{len(r.claims)} claim(s): {got}"
+
+    # kubelet asks for v1 first; an older kubelet speaks v1beta1 to the same socket.
+    v1, v1beta1 = f"/{DRA}.v1.DRAPlugin", f"/{DRA}.v1beta1.DRAPlugin"
+    prepared = await client.unary(f"{v1}/NodePrepareResources", devices, claims=claims[:2])
+    await client.unary(f"{v1beta1}/NodePrepareResources", devices, claims=claims[2:])
+
+    def health(updates: list[Any]) -> str:
+        counts = [sum(d.health == 1 for d in u.devices) for u in updates]
+        total = len(updates[0].devices) if updates else 0
+        return f"{len(updates)} updates, healthy of {total}: {counts}"
+
+    updates = await client.stream(
+        "/v1.DRAResourceHealth/NodeWatchResources", LISTANDWATCH_UPDATES, health
+    )
+    for service, mine in ((v1, claims[:2]), (v1beta1, claims[2:])):
+        await client.unary(
+            f"{service}/NodeUnprepareResources",
+            lambda r: f"{len(r.claims)} claim(s) unprepared",
+            claims=mine,
+        )
+    return prepared is not None and len(updates) == LISTANDWATCH_UPDATES, b""
+
+
 def _show_metrics(admin: str, spec: str, out: TextIO) -> None:
     with urllib.request.urlopen(f"{admin}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    wanted = (
-        f'plugproxy_rpc_duration_seconds_count{{code="OK",method="/{spec_package(spec)}.',
-        "plugproxy_rpc_stream_messages_total{",
-        "plugproxy_violations_total{",
-    )
+    # Every spec the fake serves (a DRA plugin's socket has four), streams cancelled included.
+    methods = tuple(f'method="/{spec_package(s)}.' for s in served_specs(spec))
     for line in text.splitlines():
-        if line.startswith(wanted):
+        calls = line.startswith("plugproxy_rpc_duration_seconds_count{")
+        if (calls and any(m in line for m in methods)) or line.startswith(
+            ("plugproxy_rpc_stream_messages_total{", "plugproxy_violations_total{")
+        ):
             out.write(f"  {line}\n")
 
 
-def _show_log(log: str, out: TextIO) -> None:
+def _show_judged(admin: str, out: TextIO) -> None:
+    with urllib.request.urlopen(f"{admin}/violations", timeout=5) as resp:
+        report = json.loads(resp.read())
+    by_spec = ", ".join(f"{s} {n}" for s, n in report["calls_judged_by_spec"].items())
+    out.write(f"  calls judged by spec: {by_spec}; violations: {report['total']}\n")
+
+
+def _show_log(log: str, out: TextIO, marker: str = "***") -> None:
     for line in log.splitlines():
-        if " call " in line and "request=" in line and "***" in line:
+        if " call " in line and "request=" in line and marker in line:
             out.write(f"  {line[:500]}{'…' if len(line) > 500 else ''}\n")
 
 
 async def run(spec: str, ns: argparse.Namespace) -> int:
     out = sys.stdout
-    drive: Callable[[_Client, TextIO], Awaitable[tuple[bool, bytes]]] = (
-        _kms if spec == "kms.v2" else _device_plugin
-    )
+    if spec.startswith("drahealth."):
+        spec = "dra.v1"  # the health stream is served by a DRA plugin, beside DRAPlugin
+    drivers: dict[str, Callable[[_Client, TextIO], Awaitable[tuple[bool, bytes]]]] = {
+        "kms.v2": _kms,
+        "deviceplugin.v1beta1": _device_plugin,
+        "dra.v1": _dra,
+    }
+    drive = drivers[spec]
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/proxy.sock"
         fake = await start_fake_plugin(spec, f"unix://{plugin_sock}", FakeKnobs(stream_period=0.05))
         proxy_ns = serve.parse_args(
             [
                 *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
-                *("--spec", spec, "--admin-listen", "127.0.0.1:0"),
+                # A DRA socket serves two DRAPlugin versions and the health service:
+                # auto judges each call by its own.
+                *("--spec", "auto" if spec == "dra.v1" else spec),
+                *("--admin-listen", "127.0.0.1:0"),
                 *("--log-payloads", "--log-format", "text"),
             ],
             environ={},
@@ -210,7 +262,9 @@ async def run(spec: str, ns: argparse.Namespace) -> int:
         await proxy.upstream.wait_ready(5)
         assert proxy.admin is not None
         admin = f"http://127.0.0.1:{proxy.admin.port}"
-        what = "KMS v2 plugin" if spec == "kms.v2" else "device plugin"
+        what = {"kms.v2": "KMS v2 plugin", "dra.v1": "DRA kubelet plugin"}.get(
+            spec, "device plugin"
+        )
         out.write(f"plugproxy demo: client -> plugproxy -> fake {what} ({spec})\n")
         out.write(f"  client socket unix://{proxy_sock}\n  plugin socket unix://{plugin_sock}\n")
         out.write(f"  admin         {admin}  (/metrics /healthz /readyz /violations)\n\n")
@@ -221,12 +275,17 @@ async def run(spec: str, ns: argparse.Namespace) -> int:
                 ok, secret = await drive(client, out)
             out.write("\n2. Metrics scraped from /metrics (excerpt):\n")
             _show_metrics(admin, spec, out)
+            _show_judged(admin, out)
         finally:
             await proxy.stop(1)
             await fake.stop(0)
-        out.write("\n3. The call log, sensitive fields masked (***):\n")
         text = log.getvalue()
-        _show_log(text, out)
+        if spec == "dra.v1":
+            out.write("\n3. The call log (nothing in these APIs is sensitive; none masked):\n")
+            _show_log(text, out, "/NodePrepareResources")
+        else:
+            out.write("\n3. The call log, sensitive fields masked (***):\n")
+            _show_log(text, out)
         leaked = _leaks(secret, text) if secret else []
         if secret:
             out.write(

@@ -93,9 +93,13 @@ ENDPOINT_ENV = {
     "COSI_ENDPOINT": ("either", "cosi"),
     "CMI_ENDPOINT": ("either", "cmi"),
 }
-SPEC_OF_FAMILY = {"csi": "csi.v1", "cosi": "cosi.v1alpha1", "cmi": "cmi.v1"}
-# A driver found by a default socket: COSI's is the same for v1alpha1 and v1alpha2 binaries.
+# COSI_ENDPOINT and COSI's default socket name the socket of v1alpha1 (COSI v0.1) and
+# v1alpha2 (v0.2) binaries alike: a COSI proxy decodes with --spec=auto, which tells the two
+# apart by their packages.
+SPEC_OF_FAMILY = {"csi": "csi.v1", "cmi": "cmi.v1"}
 SPEC_OF_DEFAULT = {"csi": "csi.v1"}
+# The container kubectl logs and exec pick: a chart names its main one, the driver.
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 POD_TEMPLATE_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job")
 ARG_VAR = re.compile(r"\$\((\w+)\)")
 PORT_IN_ARG = re.compile(r"^--?[\w-]*(?:port|address|endpoint|listen)[\w-]*=\S*?:?(\d{2,5})$")
@@ -362,6 +366,7 @@ class Plan:
     family: str
     mount: int | None  # the driver's mount of the socket directory (unix)
     ref: Ref
+    chosen_by: str = ""  # what told the driver apart, when the addresses did not
 
 
 def _workload_name(kind: str, meta: MutableMapping[str, Any] | None) -> str:
@@ -452,10 +457,18 @@ def plan(
             strong = [r for r in serving if int(loc[1]) in declared_ports(containers[r.container])]
         candidates = strong or serving
         drivers = sorted({r.container for r in candidates})
+        chosen_by = ""
         if hint is not None and hint in [names[r.container] for r in serving]:
             drivers = [names.index(hint)]
         elif hint is not None:
             continue  # the hinted driver serves another socket
+        elif len(drivers) > 1 and all(r.role == "either" for r in candidates):
+            # Both sides of a COSI or CMI socket (the same variable, or the same default):
+            # the pod's main container, as its author marked it for kubectl, is the driver.
+            main = annotations.get(DEFAULT_CONTAINER)
+            if main in [names[d] for d in drivers]:
+                drivers = [names.index(str(main))]
+                chosen_by = f"the {DEFAULT_CONTAINER} annotation"
         if len(drivers) > 1:
             listed = ", ".join(names[d] for d in drivers)
             how = "use it by their binaries' default" if serving[0].implied else "name it"
@@ -468,7 +481,7 @@ def plan(
         mount = None
         if loc[0] == "unix":
             mount = socket_mount(containers[drivers[0]], _unix_path(ref.address) or "")
-        plans.append(Plan(drivers[0], loc, family, mount, ref))
+        plans.append(Plan(drivers[0], loc, family, mount, ref, chosen_by))
     if len(plans) > 1:
         listed = "; ".join(f"{_describe(p.loc)} served by {names[p.driver]}" for p in plans)
         raise InjectError(
@@ -955,7 +968,8 @@ def inject_pod(
         Seen(
             who,
             INJECTED,
-            f"driver {driver['name']}; the CO side ({', '.join(co_side) or 'kubelet'}) now "
+            f"driver {driver['name']}{f' (by {p.chosen_by})' if p.chosen_by else ''}; the CO"
+            f" side ({', '.join(co_side) or 'kubelet'}) now "
             f"dials {listen} through plugproxy; the driver {moved}; spec {spec}; admin {admin}; "
             f"plugproxy runs as {user} ({why}){prepared}",
         )
@@ -1225,6 +1239,16 @@ def _keep_original_lines(original: str, dumped: str) -> str:
                 break
         return best
 
+    def indent(line: str) -> int:
+        return len(line) - len(line.lstrip(" "))
+
+    def shifted(lines: Sequence[str], by: int) -> list[str]:
+        """New lines moved to the original's indentation where they go (a block sequence
+        the original indents and the dump writes flush, or the other way round)."""
+        if by >= 0:
+            return [" " * by + line if line.strip() else line for line in lines]
+        return [line[min(-by, indent(line)) :] for line in lines]
+
     out: list[str] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
@@ -1233,7 +1257,15 @@ def _keep_original_lines(original: str, dumped: str) -> str:
         olds, news = old[i1:i2], new[j1:j2]
         k, m = same_head(olds, news)
         tail_k, tail_m = same_head(olds[k:][::-1], news[m:][::-1])
-        out += olds[:k] + news[m : len(news) - tail_m] + olds[len(olds) - tail_k :]
+        # The lines around the change say how far the original's indentation is from the
+        # dump's there; the next one first (an item inserted before its siblings).
+        by = 0
+        if i2 < len(old) and j2 < len(new):
+            by = indent(old[i2]) - indent(new[j2])
+        elif i1 and j1:
+            by = indent(old[i1 - 1]) - indent(new[j1 - 1])
+        middle = shifted(news[m : len(news) - tail_m], by)
+        out += olds[:k] + middle + olds[len(olds) - tail_k :]
     text = "".join(out)
     if text == dumped:
         return dumped

@@ -48,6 +48,11 @@ _CSI_COMMON: dict[str, KeySpec] = {
     "NodeUnpublishVolume": _VOLUME,
 }
 
+_DRA: dict[str, KeySpec] = {
+    "NodePrepareResources": (("claim", "claims.uid"),),
+    "NodeUnprepareResources": (("claim", "claims.uid"),),
+}
+
 KEY_TABLES: dict[str, dict[str, KeySpec]] = {
     "csi.v1": {
         **_CSI_COMMON,
@@ -85,6 +90,18 @@ KEY_TABLES: dict[str, dict[str, KeySpec]] = {
         "DriverGrantBucketAccess": (("bucket", "bucket_id"),),
         "DriverRevokeBucketAccess": (("bucket", "bucket_id"),),
     },
+    # COSI v1alpha2: a grant or revoke names one account and every bucket it reaches; an
+    # existing bucket is named by the id the admin gave. The first kind is the call's object.
+    "cosi.v1alpha2": {
+        "DriverCreateBucket": (("bucket-name", "name"),),
+        "DriverGetExistingBucket": (("bucket", "existing_bucket_id"),),
+        "DriverDeleteBucket": (("bucket", "bucket_id"),),
+        "DriverGrantBucketAccess": (
+            ("account-name", "account_name"),
+            ("bucket", "buckets.bucket_id"),
+        ),
+        "DriverRevokeBucketAccess": (("account", "account_id"), ("bucket", "buckets.bucket_id")),
+    },
     "cmi.v1": {
         name: (("machine", "MachineName"),)
         for name in ("CreateMachine", "DeleteMachine", "GetMachineStatus", "ShutDownMachine")
@@ -98,11 +115,11 @@ KEY_TABLES: dict[str, dict[str, KeySpec]] = {
         "Allocate": (("device", "container_requests.devices_ids"),),
         "PreStartContainer": (("device", "devices_ids"),),
     },
-    # DRA: the ResourceClaims a call prepares or unprepares, by uid.
-    "dra.v1beta1": {
-        "NodePrepareResources": (("claim", "claims.uid"),),
-        "NodeUnprepareResources": (("claim", "claims.uid"),),
-    },
+    # DRA: the ResourceClaims a call prepares or unprepares, by uid, the same kind in both
+    # versions. DRA health's NodeWatchResources has none: an empty request, and a stream as
+    # long-lived as the plugin.
+    "dra.v1beta1": _DRA,
+    "dra.v1": _DRA,
 }
 
 Extractor = Callable[[Message], tuple[str, ...]]

@@ -7,7 +7,7 @@ skeletons :mod:`plugproxy.sampling` reads large messages with.
 
 A bundled spec's pool is built the first time something needs it (:func:`load_spec`), and a
 lazy registry (``plugproxy serve``'s) lists a bundled spec's methods when the first of them
-is looked up: a proxy beside a CSI plugin never builds the pools of the seven other specs,
+is looked up: a proxy beside a CSI plugin never builds the pools of the other specs,
 while ``--spec auto`` still knows every bundled method.
 
 Besides the bundled specs, each ``--descriptor-set`` file (a binary FileDescriptorSet built
@@ -37,12 +37,22 @@ SPECS: dict[str, tuple[str, str, str | None]] = {
     "csi.v1": ("csi_v1.binpb", "csi.v1", "csi.v1.csi_secret"),
     "csi.v0": ("csi_v0.binpb", "csi.v0", None),
     "cosi.v1alpha1": ("cosi_v1alpha1.binpb", "cosi.v1alpha1", "cosi.v1alpha1.cosi_secret"),
+    # COSI v0.2's API: its package is sigs.k8s.io.cosi.v1alpha2.
+    "cosi.v1alpha2": (
+        "cosi_v1alpha2.binpb",
+        "sigs.k8s.io.cosi.v1alpha2",
+        "sigs.k8s.io.cosi.v1alpha2.cosi_secret",
+    ),
     "cmi.v1": ("cmi_v1.binpb", "cmi.v1", "cmi.v1.cmi_secret"),
     # Kubernetes' own plugin APIs. Their packages are short ("v2", "v1beta1") or carry no
     # version, so the spec name is never taken for the package.
     "kms.v2": ("kms_v2.binpb", "v2", None),
     "deviceplugin.v1beta1": ("deviceplugin_v1beta1.binpb", "v1beta1", None),
     "dra.v1beta1": ("dra_v1beta1.binpb", "k8s.io.kubelet.pkg.apis.dra.v1beta1", None),
+    "dra.v1": ("dra_v1.binpb", "k8s.io.kubelet.pkg.apis.dra.v1", None),
+    # DRA device health: packages "v1alpha1" and "v1", served beside DRAPlugin.
+    "drahealth.v1alpha1": ("drahealth_v1alpha1.binpb", "v1alpha1", None),
+    "drahealth.v1": ("drahealth_v1.binpb", "v1", None),
     "pluginregistration.v1": ("pluginregistration_v1.binpb", "pluginregistration", None),
 }
 SPEC_NAMES: tuple[str, ...] = tuple(SPECS)
@@ -50,7 +60,8 @@ SPEC_NAMES: tuple[str, ...] = tuple(SPECS)
 SPEC_ALIASES: dict[str, str] = {
     "kms": "kms.v2",
     "device-plugin": "deviceplugin.v1beta1",
-    "dra": "dra.v1beta1",
+    "dra": "dra.v1",  # kubelet asks for v1 first
+    "dra-health": "drahealth.v1",
     "plugin-registration": "pluginregistration.v1",
 }
 

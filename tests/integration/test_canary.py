@@ -38,11 +38,15 @@ EXTRA_PATHS = {
     "csi.v1": "csi.v1.NodeStageVolumeRequest.publish_context",
     "csi.v0": "csi.v0.NodeStageVolumeRequest.publish_info",
     "cosi.v1alpha1": "cosi.v1alpha1.DriverGrantBucketAccessRequest.parameters",
+    "cosi.v1alpha2": "sigs.k8s.io.cosi.v1alpha2.DriverGrantBucketAccessRequest.parameters",
     "cmi.v1": "cmi.v1.CreateMachineRequest.ProviderSpec",
     "kms.v2": "v2.DecryptRequest.key_id",
     "deviceplugin.v1beta1": "v1beta1.ContainerAllocateRequest.devices_ids",
     # DRA and plugin registration carry nothing sensitive: only what an operator names.
     "dra.v1beta1": "k8s.io.kubelet.pkg.apis.dra.v1beta1.Claim.namespace",
+    "dra.v1": "k8s.io.kubelet.pkg.apis.dra.v1.Claim.name",
+    "drahealth.v1alpha1": "v1alpha1.DeviceHealth.message",
+    "drahealth.v1": "v1.DeviceIdentifier.device_name",
     "pluginregistration.v1": "pluginregistration.RegistrationStatus.error",
 }
 
@@ -303,27 +307,30 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
                     generated.plain |= gen.out.plain
                     generated.covered |= gen.out.covered
 
-            # An error whose message repeats a secret of the same request.
-            method = next(
+            # An error whose message repeats a secret of the same request (DRA health has
+            # no request to take one from: a stream whose request is empty).
+            refusable = [
                 m
                 for m in methods
                 if m.kind is CallKind.UNARY_UNARY
                 and m.request_class is not None
                 and red.plan_for(m.request_class.DESCRIPTOR)
-            )
-            assert method.request_class is not None
-            gen = Generator(red, "err")
-            request = method.request_class()
-            gen.fill(request, 0)
-            echoed = sorted(gen.out.canaries)[0]
-            text = f"backend refused credential {echoed} (and that is all)"
-            plugin.fail[method.path] = text
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await ch.unary_unary(method.path)(request.SerializeToString(), timeout=5)
-            assert err.value.details() == text  # the CO gets the plugin's message unchanged
-            error_messages.append(text)
-            generated.canaries |= gen.out.canaries
-            del plugin.fail[method.path]
+            ]
+            assert refusable or spec.startswith("drahealth.")
+            for method in refusable[:1]:
+                assert method.request_class is not None
+                gen = Generator(red, "err")
+                request = method.request_class()
+                gen.fill(request, 0)
+                echoed = sorted(gen.out.canaries)[0]
+                text = f"backend refused credential {echoed} (and that is all)"
+                plugin.fail[method.path] = text
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await ch.unary_unary(method.path)(request.SerializeToString(), timeout=5)
+                assert err.value.details() == text  # the CO gets the plugin's message unchanged
+                error_messages.append(text)
+                generated.canaries |= gen.out.canaries
+                del plugin.fail[method.path]
 
         assert proxy.admin is not None
         port = proxy.admin.port
@@ -372,12 +379,12 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
         for line in captured.out.splitlines()
         if line.startswith("{") and '"event":"call"' in line
     ]
-    assert len(call_lines) == sent + 1
+    assert len(call_lines) == sent + len(error_messages)
     # The secrets are masked, not the messages dropped: the plain values are all there.
     payload_text = "\n".join(json.dumps(line, ensure_ascii=False) for line in call_lines)
     missing = sorted(p for p in generated.plain if p not in payload_text)
     assert not missing, f"{len(missing)} plain values missing from the payload log: {missing[:5]}"
     assert "***" in payload_text
-    assert any(
+    assert not error_messages or any(
         line.get("message", "").startswith("backend refused credential ***") for line in call_lines
     )

@@ -192,6 +192,35 @@ async def cosi_lifecycle(c: SpecClient) -> None:
     await c.call("DriverDeleteBucket", bucket_id=bucket.bucket_id)
 
 
+async def cosi_v1alpha2_lifecycle(c: SpecClient) -> None:
+    """COSI v0.2: a bucket made and one statically provisioned, one access to both, revoked."""
+    s3 = {"type": "S3"}
+    key = {"type": "KEY"}
+    await c.call("DriverGetInfo")
+    made = await c.call(
+        "DriverCreateBucket", name="bc-1", protocols=[s3], parameters={"tier": "standard"}
+    )
+    static = await c.call(
+        "DriverGetExistingBucket", existing_bucket_id="static-archive", protocols=[s3]
+    )
+    ids = [made.bucket_id, static.bucket_id]
+    grant = await c.call(
+        "DriverGrantBucketAccess",
+        account_name="ba-1",
+        protocol=s3,
+        authentication_type=key,
+        buckets=[{"bucket_id": i, "access_mode": {"mode": "READ_WRITE"}} for i in ids],
+    )
+    await c.call(
+        "DriverRevokeBucketAccess",
+        account_id=grant.account_id,
+        protocol=s3,
+        authentication_type=key,
+        buckets=[{"bucket_id": i} for i in ids],
+    )
+    await c.call("DriverDeleteBucket", bucket_id=made.bucket_id)
+
+
 PROVIDER_SPEC = json.dumps(
     {"vmPool": "pool-a", "size": "small", "tags": {"kubernetes.io/cluster": "c1"}}
 ).encode()
@@ -216,6 +245,7 @@ LIFECYCLES: dict[str, Callable[[SpecClient], Awaitable[None]]] = {
     "csi.v1": csi_v1_lifecycle,
     "csi.v0": csi_v0_lifecycle,
     "cosi.v1alpha1": cosi_lifecycle,
+    "cosi.v1alpha2": cosi_v1alpha2_lifecycle,
     "cmi.v1": cmi_lifecycle,
 }
 

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from plugproxy.fakes import FakeKnobs, SpecClient, catalogue
+from plugproxy.registry import Registry
 from tests.integration.test_validation_lifecycle import (
     PROVIDER_SPEC,
     mount_cap,
@@ -124,6 +125,41 @@ async def cosi_grant(c):
     await ignore_errors(
         c.call(
             "DriverGrantBucketAccess", bucket_id=b.bucket_id, name="a1", authentication_type="Key"
+        )
+    )
+
+
+V2_S3 = {"type": "S3"}
+
+
+async def cosi2_create(c, **extra):
+    return await c.call("DriverCreateBucket", name="bucket-1", protocols=[V2_S3], **extra)
+
+
+async def cosi2_grant_two(c):
+    made = await cosi2_create(c)
+    static = await c.call("DriverGetExistingBucket", existing_bucket_id="static-archive")
+    await c.call(
+        "DriverGrantBucketAccess",
+        account_name="ba-1",
+        protocol=V2_S3,
+        authentication_type={"type": "KEY"},
+        buckets=[
+            {"bucket_id": made.bucket_id, "access_mode": {"mode": "READ_WRITE"}},
+            {"bucket_id": static.bucket_id, "access_mode": {"mode": "READ_ONLY"}},
+        ],
+    )
+
+
+async def cosi2_gone(c):
+    await ignore_errors(c.call("DriverDeleteBucket", bucket_id="bucket-gone"))
+    await ignore_errors(
+        c.call(
+            "DriverRevokeBucketAccess",
+            account_id="account-gone",
+            protocol=V2_S3,
+            authentication_type={"type": "KEY"},
+            buckets=[{"bucket_id": "bucket-gone"}],
         )
     )
 
@@ -271,6 +307,63 @@ CASES = [
         "cosi.required-field",
         "DriverGrantBucketAccess",
     ),
+    ("plugin-name-invalid", "cosi.v1alpha2", cosi_info, "cosi.plugin-name-format", "DriverGetInfo"),
+    (
+        "unimplemented-advertised",
+        "cosi.v1alpha2",
+        cosi_bad_create,
+        "cosi.unimplemented-advertised",
+        "DriverCreateBucket",
+    ),
+    (
+        "cosi-protocol-dropped",
+        "cosi.v1alpha2",
+        cosi2_create,
+        "cosi.requested-protocol-missing",
+        "DriverCreateBucket",
+    ),
+    (
+        "cosi-bucket-id-underscore",
+        "cosi.v1alpha2",
+        cosi2_create,
+        "cosi.id-format",
+        "DriverCreateBucket",
+    ),
+    (
+        "cosi-grant-bucket-left-out",
+        "cosi.v1alpha2",
+        cosi2_grant_two,
+        "cosi.grant-bucket-not-answered",
+        "DriverGrantBucketAccess",
+    ),
+    (
+        "cosi-grant-other-protocol",
+        "cosi.v1alpha2",
+        cosi2_grant_two,
+        "cosi.grant-protocol-mismatch",
+        "DriverGrantBucketAccess",
+    ),
+    (
+        "cosi-key-credentials-empty",
+        "cosi.v1alpha2",
+        cosi2_grant_two,
+        "cosi.key-credentials-missing",
+        "DriverGrantBucketAccess",
+    ),
+    (
+        "cosi-delete-not-found",
+        "cosi.v1alpha2",
+        cosi2_gone,
+        "cosi.deleted-bucket-not-ok",
+        "DriverDeleteBucket",
+    ),
+    (
+        "cosi-revoke-not-found",
+        "cosi.v1alpha2",
+        cosi2_gone,
+        "cosi.revoked-access-not-ok",
+        "DriverRevokeBucketAccess",
+    ),
     ("plugin-name-invalid", "cmi.v1", cmi_info, "cmi.plugin-name-format", "GetPluginInfo"),
     ("vendor-version-empty", "cmi.v1", cmi_info, "cmi.required-field", "GetPluginInfo"),
     ("string-too-long", "cmi.v1", cmi_info, "cmi.size-limit", "GetPluginInfo"),
@@ -350,6 +443,86 @@ CASES += [
 ]
 
 
+DRA_CLAIMS = [{"namespace": "default", "uid": f"uid-{i}", "name": f"claim-{i}"} for i in range(2)]
+
+
+async def dra_claims(c):
+    """Prepare and unprepare two claims in v1, then one more in v1beta1 on the same socket."""
+    await c.call("NodePrepareResources", claims=DRA_CLAIMS)
+    await c.call("NodeUnprepareResources", claims=DRA_CLAIMS)
+    info = Registry(["dra.v1beta1"]).lookup(
+        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources"
+    )
+    stub = c.channel.unary_unary(
+        info.path,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=info.response_class.FromString,
+    )
+    await stub(info.request_class(claims=[{**DRA_CLAIMS[0], "uid": "uid-beta"}]), timeout=10)
+
+
+async def dra_health_updates(c, count: int = 3):
+    """The first ``count`` updates of the DRA plugin's health stream (v1)."""
+    info = Registry(["drahealth.v1"]).lookup("/v1.DRAResourceHealth/NodeWatchResources")
+    call = c.channel.unary_stream(
+        info.path,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=info.response_class.FromString,
+    )(info.request_class())
+    seen = 0
+    async for _ in call:
+        seen += 1
+        if seen == count:
+            call.cancel()
+            break
+
+
+async def dra_everything(c):
+    await dra_claims(c)
+    await dra_health_updates(c)
+
+
+CASES += [
+    ("dra-claim-left-out", "dra.v1", dra_claims, "dra.claim-not-answered", "NodePrepareResources"),
+    (
+        "dra-claim-not-requested",
+        "dra.v1",
+        dra_claims,
+        "dra.claim-not-requested",
+        "NodeUnprepareResources",
+    ),
+    ("dra-device-no-pool", "dra.v1", dra_claims, "dra.required-field", "NodePrepareResources"),
+    (
+        "drahealth-value-unknown",
+        "dra.v1",
+        dra_health_updates,
+        "drahealth.health-value",
+        "NodeWatchResources",
+    ),
+    (
+        "drahealth-time-milliseconds",
+        "dra.v1",
+        dra_health_updates,
+        "drahealth.time-not-seconds",
+        "NodeWatchResources",
+    ),
+    (
+        "drahealth-device-missing",
+        "dra.v1",
+        dra_health_updates,
+        "drahealth.required-field",
+        "NodeWatchResources",
+    ),
+    (
+        "drahealth-device-twice",
+        "dra.v1",
+        dra_health_updates,
+        "drahealth.device-duplicate",
+        "NodeWatchResources",
+    ),
+]
+
+
 def test_every_misbehaviour_of_the_catalogue_is_covered():
     covered = {name for name, *_ in CASES}
     assert {m.name for m in catalogue()} == covered
@@ -380,7 +553,11 @@ async def test_clean_fake_runs_the_same_scenarios_without_plugin_violations(tmp_
 
 @pytest.mark.parametrize(
     ("spec", "scenario"),
-    [("kms.v2", kms_round_trip), ("deviceplugin.v1beta1", device_allocation)],
+    [
+        ("kms.v2", kms_round_trip),
+        ("deviceplugin.v1beta1", device_allocation),
+        ("dra.v1", dra_everything),
+    ],
 )
 async def test_clean_kubernetes_plugin_fakes_draw_no_violation(spec, scenario, tmp_path):
     knobs = FakeKnobs(stream_period=0.001)

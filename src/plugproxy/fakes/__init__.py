@@ -1,5 +1,5 @@
-"""Bundled fake plugins: in-memory, spec-correct CSI v1/v0, COSI, CMI, KMS v2 and device
-plugins for tests and demos.
+"""Bundled fake plugins: in-memory, spec-correct CSI v1/v0, COSI, CMI, KMS v2, device
+plugins and DRA kubelet plugins (with device health) for tests and demos.
 
 ``await start_fake_plugin("csi.v1", "unix:///tmp/p.sock")`` serves one in-process; the
 ``plugproxy fake-plugin`` command serves one as a process (see :mod:`plugproxy.fakes.cli`).

@@ -15,7 +15,7 @@ import signal
 import sys
 
 from plugproxy.endpoints import ConfigError
-from plugproxy.fakes.knobs import knobs_from_flags
+from plugproxy.fakes.knobs import SERVED_WITH, knobs_from_flags
 from plugproxy.fakes.misbehave import catalogue
 from plugproxy.fakes.otel import tracer_provider_from_env
 from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="SECONDS",
         help="seconds between the updates of a streaming method (device plugin"
-        " ListAndWatch; default 1)",
+        " ListAndWatch, DRA health NodeWatchResources; default 1)",
     )
     parser.add_argument(
         "--list-misbehaviours",
@@ -118,6 +118,8 @@ def _print_catalogue(spec: str | None) -> None:
 
 async def run(ns: argparse.Namespace) -> int:
     spec: str | None = SPEC_ALIASES.get(ns.fake_spec, ns.fake_spec)
+    # A spec served beside another on one socket (DRA v1beta1 and health): that fake.
+    spec = next((host for host, also in SERVED_WITH.items() if spec in also), spec)
     if spec is not None and spec not in FAKE_SPECS:
         raise ConfigError(f"--spec {spec!r}: choose one of {', '.join(FAKE_SPECS)}")
     if ns.fake_list_misbehaviours:

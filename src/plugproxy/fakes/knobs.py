@@ -59,7 +59,8 @@ class FakeKnobs:
     # built against a CSI release before v1.5: ValidateVolumeCapabilities confirms the
     # capabilities without MountVolume.volume_mount_group, a field it does not know.
     older_csi: bool = False
-    # seconds between the updates a streaming method sends (device plugin ListAndWatch).
+    # seconds between the updates a streaming method sends (device plugin ListAndWatch,
+    # DRA health NodeWatchResources).
     stream_period: float = 1.0
 
     def checked(self, spec: str) -> FakeKnobs:
@@ -106,12 +107,26 @@ class FakeKnobs:
         return None
 
 
+# Specs a fake serves on its socket besides its own: a DRA kubelet plugin serves both
+# DRAPlugin versions and both device health versions, kubelet picking what it speaks.
+SERVED_WITH: dict[str, tuple[str, ...]] = {
+    "dra.v1": ("dra.v1beta1", "drahealth.v1", "drahealth.v1alpha1"),
+}
+
+
+def served_specs(spec: str) -> tuple[str, ...]:
+    """The specs whose methods the fake of ``spec`` serves, its own first."""
+    return (spec, *SERVED_WITH.get(spec, ()))
+
+
 def spec_method_names(spec: str) -> dict[str, str]:
-    """Every accepted spelling of a method of ``spec`` -> its RPC name."""
+    """Every accepted spelling of a method the fake of ``spec`` serves -> its RPC name."""
     if spec not in SPEC_NAMES:
         raise ConfigError(f"unknown spec {spec!r}; known: {', '.join(SPEC_NAMES)}")
     names: dict[str, str] = {}
-    for info in Registry([spec]).methods(spec):
+    served = served_specs(spec)
+    registry = Registry(served)
+    for info in (m for s in served for m in registry.methods(s)):
         short_service = info.service.rsplit(".", 1)[-1]
         for spelling in (info.name, f"{short_service}/{info.name}", info.path):
             names[spelling] = info.name

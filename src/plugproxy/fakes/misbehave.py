@@ -38,6 +38,10 @@ CMI = frozenset({"cmi.v1"})
 ALL = CSI | COSI | CMI
 KMS = frozenset({"kms.v2"})
 DEVICE_PLUGIN = frozenset({"deviceplugin.v1beta1"})
+COSI_V1ALPHA2 = frozenset({"cosi.v1alpha2"})
+# The DRA fake serves DRAPlugin v1 and v1beta1 and health v1 and v1alpha1: each breach is
+# committed in whichever version the call was made.
+DRA = frozenset({"dra.v1"})
 
 
 @dataclass
@@ -271,6 +275,86 @@ def _health_lower_case(ctx: HookContext, request: DynMessage, response: DynMessa
         device.health = device.health.lower()
 
 
+def _leave_out_last_claim(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    if request.claims:
+        response.claims.pop(request.claims[-1].uid, None)
+
+
+def _answer_unrequested_claim(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    response.claims["claim-nobody-asked-for"].SetInParent()
+
+
+def _device_without_pool(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    for uid in response.claims:
+        for device in response.claims[uid].devices:
+            device.pool_name = ""
+
+
+def _health_out_of_enum(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    if response.devices:
+        response.devices[0].health = 3  # HealthStatus ends at UNHEALTHY = 2
+
+
+def _health_time_milliseconds(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    for device in response.devices:
+        device.last_updated_time *= 1000
+
+
+def _health_without_device(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    if response.devices:
+        response.devices[0].ClearField("device")
+
+
+def _health_device_twice(ctx: HookContext, request: DynMessage, response: DynMessage) -> None:
+    if response.devices:
+        response.devices.add().CopyFrom(response.devices[0])
+
+
+# COSI v1alpha2: a bucket info's members by protocol.
+_COSI_MEMBERS = ("s3", "azure", "gcs")
+
+
+def _drop_first_requested(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    names = [enum_name(p, "type").lower() for p in req.protocols]
+    member = next((n for n in names if n in _COSI_MEMBERS), "s3")
+    resp.protocols.ClearField(member)
+
+
+def _underscore_bucket_id(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    resp.bucket_id = resp.bucket_id.replace("-", "_")
+
+
+def _first_bucket_only(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    del resp.buckets[1:]
+
+
+def _other_protocol_info(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    for bucket in resp.buckets:
+        info = bucket.bucket_info
+        given = [m for m in _COSI_MEMBERS if info.HasField(m)]
+        other = next(m for m in _COSI_MEMBERS if m not in given)
+        info.Clear()
+        getattr(info, other).SetInParent()
+
+
+def _empty_key_credentials(ctx: HookContext, req: DynMessage, resp: DynMessage) -> None:
+    for member in _COSI_MEMBERS:
+        if resp.credentials.HasField(member):
+            getattr(resp.credentials, member).Clear()
+
+
+def _gone_is_not_found(attribute: str, field_name: str) -> RequestHook:
+    """A request for an object the fake does not hold answers NOT_FOUND."""
+
+    def hook(ctx: HookContext, req: DynMessage) -> None:
+        held = getattr(ctx.plugin, attribute, {})
+        value = getattr(req, field_name)
+        if value and value not in held:
+            raise FakeError(grpc.StatusCode.NOT_FOUND, f"no {field_name} {value!r}")
+
+    return hook
+
+
 _ENTRIES = [
     Misbehaviour(
         "create-volume-no-id",
@@ -322,7 +406,7 @@ _ENTRIES = [
     ),
     Misbehaviour(
         "plugin-name-invalid",
-        ALL,
+        ALL | COSI_V1ALPHA2,
         "CSI v1.12 §GetPluginInfo, COSI §DriverGetInfo, CMI §GetPluginInfo (name in domain"
         " name notation, alphanumeric at both ends)",
         "The plugin name is '-Fake_Plugin!'.",
@@ -330,7 +414,7 @@ _ENTRIES = [
     ),
     Misbehaviour(
         "plugin-name-too-long",
-        ALL,
+        ALL | COSI_V1ALPHA2,
         "CSI v1.12 §GetPluginInfo, COSI §DriverGetInfo, CMI §GetPluginInfo (name 63"
         " characters or less)",
         "The plugin name is 74 characters long.",
@@ -353,7 +437,7 @@ _ENTRIES = [
     ),
     Misbehaviour(
         "error-empty-message",
-        ALL,
+        ALL | COSI_V1ALPHA2,
         "CSI v1.12 §Error Scheme, COSI §Error Scheme, CMI §Error Scheme (message MUST"
         " describe a non-OK status)",
         "Every error the plugin returns carries an empty status message.",
@@ -361,7 +445,7 @@ _ENTRIES = [
     ),
     Misbehaviour(
         "error-with-details",
-        ALL,
+        ALL | COSI_V1ALPHA2,
         "CSI v1.12 §Error Scheme, COSI §Error Scheme, CMI §Error Scheme (status details MUST"
         " be empty)",
         "Every error the plugin returns carries grpc-status-details-bin (a google.rpc.Status"
@@ -370,7 +454,7 @@ _ENTRIES = [
     ),
     Misbehaviour(
         "unimplemented-advertised",
-        ALL,
+        ALL | COSI_V1ALPHA2,
         "CSI v1.12 §ListVolumes (MUST implement with LIST_VOLUMES), COSI §DriverCreateBucket"
         " (MUST implement), CMI §GetMachineStatus (MUST implement with GET_MACHINE_STATUS)",
         "An RPC the plugin must implement answers UNIMPLEMENTED: ListVolumes (CSI),"
@@ -501,6 +585,110 @@ _ENTRIES = [
         'Device plugin v1beta1 api.proto §Device (health is "Healthy" or "Unhealthy")',
         'ListAndWatch reports health as "healthy" and "unhealthy".',
         responses={"ListAndWatch": _health_lower_case},
+    ),
+    Misbehaviour(
+        "dra-claim-left-out",
+        DRA,
+        "DRA api.proto §NodePrepareResourcesResponse (every requested claim gets prepared)",
+        "NodePrepareResources answers without an entry for the request's last claim.",
+        responses={"NodePrepareResources": _leave_out_last_claim},
+    ),
+    Misbehaviour(
+        "dra-claim-not-requested",
+        DRA,
+        "DRA api.proto §NodeUnprepareResourcesResponse (the claims of the request, by uid)",
+        "NodeUnprepareResources answers an entry for a claim uid the request did not name.",
+        responses={"NodeUnprepareResources": _answer_unrequested_claim},
+    ),
+    Misbehaviour(
+        "dra-device-no-pool",
+        DRA,
+        "DRA api.proto §Device (pool_name Required)",
+        "NodePrepareResources answers devices with an empty pool_name.",
+        responses={"NodePrepareResources": _device_without_pool},
+    ),
+    Misbehaviour(
+        "drahealth-value-unknown",
+        DRA,
+        "DRA health api.proto §HealthStatus (UNKNOWN, HEALTHY or UNHEALTHY)",
+        "Every NodeWatchResources update gives its first device the health 3.",
+        responses={"NodeWatchResources": _health_out_of_enum},
+    ),
+    Misbehaviour(
+        "drahealth-time-milliseconds",
+        DRA,
+        "DRA health api.proto §DeviceHealth (last_updated_time in Unix seconds)",
+        "NodeWatchResources updates give last_updated_time in milliseconds.",
+        responses={"NodeWatchResources": _health_time_milliseconds},
+    ),
+    Misbehaviour(
+        "drahealth-device-missing",
+        DRA,
+        "DRA health api.proto §DeviceHealth and §DeviceIdentifier (the device it is about)",
+        "Every NodeWatchResources update leaves its first entry without a device.",
+        responses={"NodeWatchResources": _health_without_device},
+    ),
+    Misbehaviour(
+        "drahealth-device-twice",
+        DRA,
+        "DRA health api.proto §NodeWatchResourcesResponse (each device's current health)",
+        "Every NodeWatchResources update lists its first device twice.",
+        responses={"NodeWatchResources": _health_device_twice},
+    ),
+    Misbehaviour(
+        "cosi-protocol-dropped",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverCreateBucket and §DriverGetExistingBucket (support for every"
+        " requested protocol indicated by its bucket info)",
+        "DriverCreateBucket and DriverGetExistingBucket answer without the bucket info of the"
+        " first protocol requested (S3 when none is).",
+        responses=dict.fromkeys(
+            ("DriverCreateBucket", "DriverGetExistingBucket"), _drop_first_requested
+        ),
+    ),
+    Misbehaviour(
+        "cosi-bucket-id-underscore",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverCreateBucket (bucket_id of alphanumerics, '-' and '.')",
+        "DriverCreateBucket answers its bucket ids with '_' for '-'.",
+        responses={"DriverCreateBucket": _underscore_bucket_id},
+    ),
+    Misbehaviour(
+        "cosi-grant-bucket-left-out",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverGrantBucketAccess (info for every requested bucket)",
+        "DriverGrantBucketAccess answers a BucketInfo for the first requested bucket only.",
+        responses={"DriverGrantBucketAccess": _first_bucket_only},
+    ),
+    Misbehaviour(
+        "cosi-grant-other-protocol",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverGrantBucketAccess (the bucket info of the requested protocol,"
+        " and of no other)",
+        "DriverGrantBucketAccess answers each bucket's info for another protocol than the"
+        " requested one.",
+        responses={"DriverGrantBucketAccess": _other_protocol_info},
+    ),
+    Misbehaviour(
+        "cosi-key-credentials-empty",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverGrantBucketAccess (the requested authentication provisioned)",
+        "DriverGrantBucketAccess answers KEY grants with an empty credential for the protocol.",
+        responses={"DriverGrantBucketAccess": _empty_key_credentials},
+    ),
+    Misbehaviour(
+        "cosi-delete-not-found",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverDeleteBucket (a bucket that does not exist gets OK)",
+        "DriverDeleteBucket of a bucket the fake does not hold answers NOT_FOUND.",
+        requests={"DriverDeleteBucket": _gone_is_not_found("buckets", "bucket_id")},
+    ),
+    Misbehaviour(
+        "cosi-revoke-not-found",
+        COSI_V1ALPHA2,
+        "COSI v1alpha2 §DriverRevokeBucketAccess (an access that does not exist gets OK)",
+        "DriverRevokeBucketAccess of an account the fake does not hold answers NOT_FOUND.",
+        requests={"DriverRevokeBucketAccess": _gone_is_not_found("accesses", "account_id")},
     ),
 ]
 

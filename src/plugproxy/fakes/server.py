@@ -25,20 +25,24 @@ from plugproxy.fakes.base import FakePlugin
 from plugproxy.fakes.cmi import FakeCmiV1
 from plugproxy.fakes.common import FakeError, ServicerContext
 from plugproxy.fakes.cosi import FakeCosiV1Alpha1
+from plugproxy.fakes.cosi_v1alpha2 import FakeCosiV1Alpha2
 from plugproxy.fakes.csi_v0 import FakeCsiV0
 from plugproxy.fakes.csi_v1 import FakeCsiV1
 from plugproxy.fakes.deviceplugin import FakeDevicePluginV1Beta1
+from plugproxy.fakes.dra import FakeDraV1
 from plugproxy.fakes.kms import FakeKmsV2
-from plugproxy.fakes.knobs import FakeKnobs
+from plugproxy.fakes.knobs import FakeKnobs, served_specs
 from plugproxy.registry import Registry
 
 FAKE_SPECS: dict[str, type[FakePlugin]] = {
     "csi.v1": FakeCsiV1,
     "csi.v0": FakeCsiV0,
     "cosi.v1alpha1": FakeCosiV1Alpha1,
+    "cosi.v1alpha2": FakeCosiV1Alpha2,
     "cmi.v1": FakeCmiV1,
     "kms.v2": FakeKmsV2,
     "deviceplugin.v1beta1": FakeDevicePluginV1Beta1,
+    "dra.v1": FakeDraV1,  # and dra.v1beta1, drahealth.v1 and v1alpha1 on the same socket
 }
 
 
@@ -93,8 +97,9 @@ class FakeRpcHandler(grpc.GenericRpcHandler):  # type: ignore[misc, unused-ignor
     def __init__(self, plugin: FakePlugin) -> None:
         self.plugin = plugin
         self.handlers: dict[str, Any] = {}
-        spec = plugin.spec_name
-        for info in Registry([spec]).methods(spec):
+        served = served_specs(plugin.spec_name)
+        registry = Registry(served)
+        for info in (m for spec in served for m in registry.methods(spec)):
             factory = _KINDS.get(info.kind)
             if factory is not None and callable(getattr(plugin, info.name, None)):
                 self.handlers[info.path] = factory(plugin, info)

@@ -14,12 +14,19 @@ DriverDeleteBucket error against the bucket it was seen to exist or to be delete
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from plugproxy.rules.csi_common import TRANSPORT_CODES, generic_rules
+from plugproxy.rules.cosi_common import (
+    BOTH,
+    BucketBook,
+    forget_create,
+    judge_created,
+    judge_delete_refused,
+    remember_deleted,
+    shared_rules,
+)
+from plugproxy.rules.csi_common import TRANSPORT_CODES
 from plugproxy.rules.engine import (
-    CO,
     MUST,
     PLUGIN,
     SHOULD,
@@ -29,7 +36,6 @@ from plugproxy.rules.engine import (
     SpecTable,
     StateChange,
     Violation,
-    malformed_message_rule,
 )
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, map_digest, message_digest
 
@@ -38,31 +44,34 @@ if TYPE_CHECKING:
     from plugproxy.rules.state import SpecState
 
 TITLE = "COSI v1alpha1"
-BOTH = (CO, PLUGIN)
 
 RULES = (
-    Rule(
-        "cosi.required-field",
-        MUST,
-        BOTH,
-        f"{TITLE} §{{rpc}}",
-        "A field the spec marks REQUIRED is missing.",
-    ),
-    Rule(
-        "cosi.size-limit",
-        MUST,
-        BOTH,
-        f"{TITLE} §Size Limits",
-        "A string exceeds 128 bytes or a map<string,string> 4 KiB.",
-        note="bucket_id and account_id are judged where the driver returns them; where the"
-        " COSI system passes them back, cosi.size-limit-echoed judges them.",
-    ),
-    Rule(
-        "cosi.plugin-name-format",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §DriverGetInfo",
-        "The driver name is not 63 characters or less in domain name notation.",
+    *shared_rules(
+        TITLE,
+        size_summary="A string exceeds 128 bytes or a map<string,string> 4 KiB.",
+        size_note="bucket_id and account_id are judged where the driver returns them; where"
+        " the COSI system passes them back, cosi.size-limit-echoed judges them.",
+        required_rpcs="DriverGetInfo, DriverCreateBucket",
+        echoed_summary="A bucket_id or account_id the driver makes is over 128 bytes where the"
+        " COSI system passes it back.",
+        create_summary="A repeated DriverCreateBucket with the same name and parameters returns"
+        " another bucket_id or bucket_info.",
+        create_note='§DriverCreateBucket: "This operation MUST be idempotent" and the'
+        " Provisioner service comment: a bucket matching name and parameters gets OK"
+        ' "with the corresponding DriverCreateBucketResponse". Judged against the last'
+        f" successful create of that name this proxy saw within {HANDOVER:.0f} s (a"
+        " leader-election lease: no other replica can have deleted and re-created the bucket"
+        " meanwhile), forgotten once a DriverDeleteBucket of its bucket_id is sent."
+        " bucket_info is compared as a digest.",
+        conflict_note='The Provisioner service comment: a bucket "by same name, but different'
+        ' parameters" MUST get ALREADY_EXISTS (the prose\'s "compatible with the specified'
+        ' attributes" is read through it: parameters are the only attributes a'
+        " DriverCreateBucketRequest carries). Judged against the last successful create of"
+        " that name this proxy saw within the hour, forgotten once a DriverDeleteBucket of"
+        " its bucket_id is sent; a delete through another socket is not seen.",
+        repeat_note="Only DriverCreateBucket is idempotent by a MUST; ALREADY_EXISTS is not"
+        " judged: §Concurrency says repeated calls 'may result in error ALREADY_EXISTS if the"
+        " call succeeded early'.",
     ),
     Rule(
         "cosi.secret-key-format",
@@ -70,29 +79,6 @@ RULES = (
         BOTH,
         f"{TITLE} §Secrets Requirements",
         "A secrets map key is not made of alphanumerics, '-', '_' and '.'.",
-    ),
-    malformed_message_rule("cosi", f"{TITLE} §{{rpc}}", "INVALID_ARGUMENT"),
-    Rule(
-        "cosi.error-message-empty",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §Error Scheme",
-        "A non-OK status carries an empty message.",
-    ),
-    Rule(
-        "cosi.status-details-nonempty",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §Error Scheme",
-        "A non-OK status carries a google.rpc.Status with details (grpc-status-details-bin).",
-    ),
-    Rule(
-        "cosi.unimplemented-advertised",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §{{rpc}}",
-        "The driver answers UNIMPLEMENTED for an RPC every driver must implement"
-        " (DriverGetInfo, DriverCreateBucket).",
     ),
     Rule(
         "cosi.unimplemented-recommended",
@@ -132,37 +118,6 @@ RULES = (
         " replica may have revoked the account and granted a new one. Compared per bucket.",
     ),
     Rule(
-        "cosi.create-not-idempotent",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §DriverCreateBucket",
-        "A repeated DriverCreateBucket with the same name and parameters returns another"
-        " bucket_id or bucket_info.",
-        reject_code=None,
-        note='§DriverCreateBucket: "This operation MUST be idempotent" and the Provisioner'
-        ' service comment: a bucket matching name and parameters gets OK "with the'
-        ' corresponding DriverCreateBucketResponse". Judged against the last successful'
-        f" create of that name this proxy saw within {HANDOVER:.0f} s (a leader-election"
-        " lease: no other replica can have deleted and re-created the bucket meanwhile),"
-        " forgotten once a DriverDeleteBucket of its bucket_id is sent. bucket_info is"
-        " compared as a digest.",
-    ),
-    Rule(
-        "cosi.create-conflict-accepted",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §DriverCreateBucket",
-        "DriverCreateBucket of a name created with other parameters is answered OK instead of"
-        " ALREADY_EXISTS.",
-        reject_code=None,
-        note='The Provisioner service comment: a bucket "by same name, but different'
-        ' parameters" MUST get ALREADY_EXISTS (the prose\'s "compatible with the specified'
-        ' attributes" is read through it: parameters are the only attributes a'
-        " DriverCreateBucketRequest carries). Judged against the last successful create of"
-        " that name this proxy saw within the hour, forgotten once a DriverDeleteBucket of"
-        " its bucket_id is sent; a delete through another socket is not seen.",
-    ),
-    Rule(
         "cosi.delete-not-idempotent",
         SHOULD,
         (PLUGIN,),
@@ -175,26 +130,6 @@ RULES = (
         " such a bucket means it is gone; a definite error (INVALID_ARGUMENT,"
         " FAILED_PRECONDITION, ALREADY_EXISTS, OUT_OF_RANGE) counts after a successful"
         " delete repeated with the same delete_context. Transient errors are not judged.",
-    ),
-    Rule(
-        "cosi.size-limit-echoed",
-        MUST,
-        (PLUGIN,),
-        f"{TITLE} §Size Limits",
-        "A bucket_id or account_id the driver makes is over 128 bytes where the COSI system"
-        " passes it back.",
-        reject_code=None,
-        note="Judged in every request that carries it, wherever it was made (another"
-        " replica, before the proxy started); blamed on the plugin, which made it, and"
-        " never rejected, since the COSI system only passes it back.",
-    ),
-    *generic_rules(
-        "cosi",
-        TITLE,
-        "COSI system",
-        "Only DriverCreateBucket is idempotent by a MUST; ALREADY_EXISTS is not judged:"
-        " §Concurrency says repeated calls 'may result in error ALREADY_EXISTS if the call"
-        " succeeded early'.",
     ),
 )
 
@@ -252,40 +187,15 @@ def _bucket_id(
 
 # -- family K: bucket idempotency ------------------------------------------------------------
 
-# Errors that say something about the bucket rather than about the moment (transient
-# errors, permissions and credentials, which a plugin may answer before it can look).
-_DEFINITE = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "ALREADY_EXISTS", "OUT_OF_RANGE"})
-
-
-@dataclass(slots=True)
-class _Created:
-    parameters: bytes  # digest of the request's parameters
-    bucket_id: str
-    when: float
-    info: bytes = b""  # digest of the answer's bucket_info
-
-
-@dataclass(slots=True)
-class _Seen:
-    name: str  # the DriverCreateBucket name that returned this id ("" when unknown)
-    deleted: bool  # False: returned by DriverCreateBucket; True: deleted successfully
-    when: float
-    context: bytes = b""  # digest of the successful delete's delete_context
-
-
 CONFLICT_TTL = 600.0  # an unchanged re-send after ALREADY_EXISTS is judged this long
 
 
-class BucketMemory:
-    """What this proxy saw of buckets, bounded and forgotten after an hour untouched."""
+class BucketMemory(BucketBook):
+    """What this proxy saw of buckets and their grants, bounded and forgotten after an hour
+    untouched (grants after a lease)."""
 
     def __init__(self, st: SpecState) -> None:
-        # bucket name -> its last successful DriverCreateBucket
-        self.created: ExpiringMap[str, _Created] = ExpiringMap(
-            st.max_volumes, st.lifecycle_ttl, st.clock
-        )
-        # bucket_id -> seen existing or deleted
-        self.seen: ExpiringMap[str, _Seen] = ExpiringMap(st.max_volumes, st.lifecycle_ttl, st.clock)
+        super().__init__(st)
         # (bucket_id, account name) -> (account_id, when) of its last successful grant, and
         # (bucket_id, account_id) -> account name; for a lease only (another replica may
         # revoke and grant again).
@@ -300,47 +210,24 @@ class BucketMemory:
         self.conflicts: ExpiringMap[tuple[str, bytes], float] = ExpiringMap(
             st.max_volumes, CONFLICT_TTL, st.clock
         )
-        self.clock = st.clock
 
 
 def _create_idempotent(
     cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
 ) -> Iterable[Violation]:
-    name, bucket_id = req.name, resp.bucket_id
-    if not name or not bucket_id:
-        return
-    mem = st.part(BucketMemory)
-    now = mem.clock()
     params = map_digest(req.parameters)
-    prev = mem.created.get(name)
-    if prev is not None and prev.parameters != params:
-        yield Violation(
-            cs.rule("create-conflict-accepted"),
-            "parameters",
-            "DriverCreateBucket answered OK for a name DriverCreateBucket created"
-            f" {ago(now - prev.when)} with other parameters (parameters differ); a bucket of"
-            " the same name with different parameters MUST get ALREADY_EXISTS",
-        )
-        return  # the bucket stays the one created first
     info = message_digest(resp.bucket_info)
-    if prev is not None and now - prev.when <= HANDOVER:
-        differ = [
-            field
-            for field, same in (
-                ("bucket_id", prev.bucket_id == bucket_id),
-                ("bucket_info", prev.info == info),
-            )
-            if not same
-        ]
-        if differ:
-            yield Violation(
-                cs.rule("create-not-idempotent"),
-                differ[0],
-                "DriverCreateBucket repeated with the same name and parameters returned another"
-                f" {' and '.join(differ)} than it returned {ago(now - prev.when)}",
-            )
-    mem.created[name] = _Created(params, bucket_id, now, info)
-    mem.seen[bucket_id] = _Seen(name, False, now)
+    return judge_created(
+        cs,
+        st.part(BucketMemory),
+        req.name,
+        params,
+        params,
+        resp.bucket_id,
+        info,
+        "bucket_info",
+        "name and parameters",
+    )
 
 
 def _granted(
@@ -421,46 +308,26 @@ def _delete_sent(cs: CompiledSpec, st: SpecState, call: Call, req: Any) -> Itera
         account = mem.grants.pop(key, None)
         if account is not None:
             mem.accounts.pop((req.bucket_id, account[0]), None)
-    seen = mem.seen.get(req.bucket_id)
-    if seen is not None and seen.name:
-        created = mem.created.get(seen.name)
-        if created is not None and created.bucket_id == req.bucket_id:
-            del mem.created[seen.name]
+    forget_create(mem, req.bucket_id)
     return ()
 
 
 def _deleted(st: SpecState, call: Call, req: Any, resp: Any) -> None:
-    if req.bucket_id:
-        mem = st.part(BucketMemory)
-        mem.seen[req.bucket_id] = _Seen("", True, mem.clock(), map_digest(req.delete_context))
+    remember_deleted(st.part(BucketMemory), req.bucket_id, map_digest(req.delete_context))
 
 
 def _delete_error(
     cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
 ) -> Iterable[Violation]:
-    if code != "NOT_FOUND" and code not in _DEFINITE:
-        return
-    mem = st.part(BucketMemory)
-    seen = mem.seen.get(req.bucket_id)
-    if seen is None:
-        return  # a bucket this proxy never saw: unknown history
-    since = ago(mem.clock() - seen.when)
-    if code == "NOT_FOUND":
-        what = (
-            f"DriverDeleteBucket deleted it {since}"
-            if seen.deleted
-            else f"DriverCreateBucket returned it {since}, so it existed"
-        )
-    elif seen.deleted and seen.context == map_digest(req.delete_context):
-        what = f"DriverDeleteBucket with the same delete_context deleted it {since}"
-    else:
-        return
-    yield Violation(
-        cs.rule("delete-not-idempotent"),
-        "bucket_id",
-        f"DriverDeleteBucket answered {code} for a bucket already deleted ({what}); no error"
-        " should be returned",
-        party=PLUGIN,
+    return judge_delete_refused(
+        cs,
+        st.part(BucketMemory),
+        "delete-not-idempotent",
+        req.bucket_id,
+        map_digest(req.delete_context),
+        code,
+        "delete_context",
+        "no error should be returned",
     )
 
 

@@ -281,5 +281,6 @@ SPEC_OF_MATRIX = {
     "csi_v1": "csi.v1",
     "csi_v0": "csi.v0",
     "cosi_v1alpha1": "cosi.v1alpha1",
+    "cosi_v1alpha2": "cosi.v1alpha2",
     "cmi_v1": "cmi.v1",
 }

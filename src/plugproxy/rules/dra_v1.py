@@ -1,0 +1,13 @@
+"""Rule table of the DRA kubelet plugin API v1 (package k8s.io.kubelet.pkg.apis.dra.v1).
+
+What kubelet asks for first. Its statements are v1beta1's (:mod:`plugproxy.rules.dra_common`);
+a plugin serving both gets each call judged by the version it was made in.
+"""
+
+from __future__ import annotations
+
+from plugproxy.rules import dra_common
+
+TITLE = "DRA v1"
+
+TABLE = dra_common.table("dra.v1", TITLE, "k8s.io.kubelet.pkg.apis.dra.v1")
