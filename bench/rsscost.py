@@ -1,8 +1,10 @@
 """What `plugproxy serve` costs in resident memory, and where it goes.
 
-    python bench/rsscost.py                # all three reports below
+    python bench/rsscost.py                # startup, layers and specs below
     python bench/rsscost.py startup --runs 5
     python bench/rsscost.py layers specs
+    python bench/rsscost.py objects --volumes 20000,100000,200000
+    python bench/rsscost.py holders --volumes 20000
 
 startup  VmRSS of run.py's passthrough, defaults and full targets once they answered their
          first call (run.py's own start-up figure), median of --runs fresh starts each.
@@ -13,6 +15,14 @@ layers   One fresh interpreter that imports what serve imports, layer by layer, 
 specs    Per bundled spec, in fresh interpreters with a started proxy: what routing the
          first method of the spec costs (its pool, rule table, checkers and stage plans are
          built then), in VmRSS and CPU milliseconds; medians of --runs.
+objects  ControllerPublishVolume for distinct volume ids through `plugproxy serve` with the
+         default flags (--serve-args adds more) in front of the benchmark's mock plugin,
+         which answers each with a publish context: VmRSS of the proxy after start-up and
+         once each count of --volumes has been published. Not among the default reports
+         (minutes of calls).
+holders  The same calls through a proxy built in this process with tracemalloc on: the
+         source lines that allocated what the proxy still holds after the last count of
+         --volumes, largest first (tracemalloc slows the proxy several times).
 
 Modules are compiled to bytecode first, as run.py does (run.compile_plugproxy).
 """
@@ -20,12 +30,21 @@ Modules are compiled to bytecode first, as run.py does (run.compile_plugproxy).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import gc
 import json
+import linecache
+import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,25 +180,221 @@ def report_specs(runs: int) -> None:
         )
 
 
-REPORTS = ("startup", "layers", "specs")
+# -- many objects ---------------------------------------------------------------------
+
+PUBLISH = "/csi.v1.Controller/ControllerPublishVolume"
+# Sends ControllerPublishVolume for ids FIRST..LAST-1 over one connection, STREAMS at a
+# time, as an attacher would; a separate process, so the proxy's memory is its own.
+PUBLISHER = textwrap.dedent(
+    """
+    import asyncio, sys
+    import grpc
+    sys.path.insert(0, BENCH)
+    import payloads
+
+    async def main():
+        cls = payloads._cls("ControllerPublishVolumeRequest")
+        template = cls(node_id="node-0001", readonly=False)
+        template.volume_capability.mount.fs_type = "ext4"
+        template.volume_capability.access_mode.mode = 1  # SINGLE_NODE_WRITER
+        template.volume_context["storage.example/pool"] = "fast"
+        ids = iter(range(FIRST, LAST))
+        errors = []
+        target = ADDR.replace("unix://", "unix:", 1)
+        options = [("grpc.default_authority", "localhost")]
+        async with grpc.aio.insecure_channel(target, options=options) as channel:
+            publish = channel.unary_unary(METHOD)
+
+            async def stream():
+                for i in ids:
+                    request = cls()
+                    request.CopyFrom(template)
+                    request.volume_id = f"pvc-{i:08d}-0000-4000-8000-{i:012d}"
+                    request.volume_context["storage.example/token"] = f"tok-{i:08d}"
+                    try:
+                        await publish(request.SerializeToString(), timeout=60)
+                    except grpc.aio.AioRpcError as err:
+                        errors.append(f"{err.code().name}: {err.details()}")
+
+            await asyncio.gather(*(stream() for _ in range(STREAMS)))
+        if errors:
+            sys.exit(f"{len(errors)} calls failed, the first: {errors[0]}")
+
+    asyncio.run(main())
+    """
+)
+
+
+def publish_payloads(directory: Path) -> Path:
+    """The mock plugin's table for the objects reports: the usual answers, the plugin's
+    capabilities (the proxy asks for them before judging a publish) and an OK publish."""
+    table_path = payloads.write_all(directory, 10, 10)
+    table = json.loads(table_path.read_text())
+    response = payloads._cls("ControllerPublishVolumeResponse")()
+    response.publish_context["devicePath"] = "/dev/disk/by-id/scsi-0bench"
+    answers = {**payloads.capability_responses(), PUBLISH: bytes(response.SerializeToString())}
+    for n, (method, answer) in enumerate(sorted(answers.items())):
+        name = f"answer-{n}.bin"
+        (directory / name).write_bytes(answer)
+        table[method] = {"file": name, "stream": False}
+    table_path.write_text(json.dumps(table, indent=1))
+    return table_path
+
+
+def publish_ids(addr: str, first: int, last: int, streams: int = 16) -> None:
+    values = {
+        "BENCH": str(HERE),
+        "ADDR": addr,
+        "METHOD": PUBLISH,
+        "FIRST": first,
+        "LAST": last,
+        "STREAMS": streams,
+    }
+    code = "".join(f"{k} = {v!r}\n" for k, v in values.items()) + PUBLISHER
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@contextlib.contextmanager
+def mock_plugin(workdir: Path, kind: str = "auto") -> Iterator[tuple[run.Target, run.Tools]]:
+    """The benchmark's mock plugin (Go, or Python with ``kind`` python) serving the table of
+    :func:`publish_payloads`."""
+    tools = run.pick_tools(argparse.Namespace(loadgen=kind, plugin=kind), workdir)
+    table = publish_payloads(workdir / "payloads")
+    sock = workdir / "plugin.sock"
+    args = [str(sock), str(table)]
+    if tools.plugin_kind == "go":
+        args = [f"--listen={sock}", f"--table={table}"]
+    proc = subprocess.Popen([*tools.plugin, *args], stdout=subprocess.DEVNULL)
+    try:
+        plugin = run.Target("plugin", sock, proc)
+        run.wait_ready(tools, plugin)
+        yield plugin, tools
+    finally:
+        run.stop(proc)
+
+
+def _counts(raw: str) -> list[int]:
+    return sorted({int(part.replace("_", "")) for part in raw.split(",") if part.strip()})
+
+
+def report_objects(counts: list[int], serve_args: str, tools_kind: str = "auto") -> None:
+    flags = shlex.split(serve_args)
+    with tempfile.TemporaryDirectory(prefix="plugproxy-rsscost-") as tmp:
+        workdir = Path(tmp)
+        with mock_plugin(workdir, tools_kind) as (plugin, tools):
+            sock = workdir / "proxy.sock"
+            # The defaults but for the admin port, which may be taken on a shared machine.
+            cmd = [
+                sys.executable, "-c", run.SERVE, "--listen", f"unix://{sock}",
+                "--upstream", f"unix://{plugin.socket}", "--admin-listen", "127.0.0.1:0", *flags,
+            ]  # fmt: skip
+            with (workdir / "serve.log").open("wb") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    run.wait_ready(tools, run.Target("serve", sock, proc))
+                    start = run.proc_rss(proc.pid)
+                    shown = " ".join(flags) or "(defaults)"
+                    print(f"ControllerPublishVolume for distinct volume ids, serve {shown}:")
+                    print(f"  {0:>9,} ids  VmRSS {start / 2**20:7.2f} MiB")
+                    done = 0
+                    for count in counts:
+                        began = time.monotonic()
+                        publish_ids(f"unix://{sock}", done, count)
+                        took = time.monotonic() - began
+                        done = count
+                        rss = run.proc_rss(proc.pid)
+                        print(
+                            f"  {count:>9,} ids  VmRSS {rss / 2**20:7.2f} MiB"
+                            f"  {(rss - start) / 2**20:+7.2f} MiB  ({took:.0f} s)",
+                            flush=True,
+                        )
+                finally:
+                    run.stop(proc)
+
+
+HOLDER_FRAMES = 6  # frames of each allocation's traceback kept: enough to name its owner
+
+
+def report_holders(counts: list[int], serve_args: str, top: int, tools_kind: str = "auto") -> None:
+    from plugproxy import serve  # noqa: PLC0415
+    from plugproxy.log import Logger  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="plugproxy-rsscost-") as tmp:
+        workdir = Path(tmp)
+        with mock_plugin(workdir, tools_kind) as (plugin, _):
+            sock = workdir / "proxy.sock"
+            argv = [
+                "--listen", f"unix://{sock}", "--upstream", f"unix://{plugin.socket}",
+                "--admin-listen", "127.0.0.1:0", *shlex.split(serve_args),
+            ]  # fmt: skip
+            ns = serve.parse_args(argv)
+
+            logger = Logger(open(os.devnull, "w"))  # noqa: SIM115
+
+            async def main() -> tuple[tracemalloc.Snapshot, tracemalloc.Snapshot]:
+                server = serve.ProxyServer(ns, logger)
+                await server.start()
+                # One first call builds CSI v1 (plan, rules, checkers) before the baseline.
+                await asyncio.to_thread(publish_ids, f"unix://{sock}", -1, 0, 1)
+                gc.collect()
+                tracemalloc.start(HOLDER_FRAMES)
+                before = tracemalloc.take_snapshot()
+                done = 0
+                for count in counts:
+                    await asyncio.to_thread(publish_ids, f"unix://{sock}", done, count)
+                    done = count
+                    traced = tracemalloc.get_traced_memory()[0] / 2**20
+                    print(f"  {count:,} ids: traced {traced:.2f} MiB", flush=True)
+                gc.collect()
+                after = tracemalloc.take_snapshot()
+                tracemalloc.stop()
+                await server.stop(0)
+                return before, after
+
+            before, after = asyncio.run(main())
+    ours = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    grew = after.filter_traces(ours).compare_to(before.filter_traces(ours), "traceback")
+    total = sum(d.size_diff for d in grew)
+    print(f"held after {counts[-1]:,} ids: {total / 2**20:+.2f} MiB; largest holders:")
+    for diff in grew[:top]:
+        frames = list(reversed(diff.traceback))  # the allocating line first
+        where = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames)
+        print(f"  {diff.size_diff / 2**20:+7.2f} MiB {diff.count_diff:+9,} blocks  {where}")
+        if frames:
+            print(f"      {linecache.getline(frames[0].filename, frames[0].lineno).strip()}")
+
+
+REPORTS = ("startup", "layers", "specs", "objects", "holders")
+DEFAULT_REPORTS = ("startup", "layers", "specs")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/rsscost.py", description=__doc__.split("\n")[0])
     p.add_argument("reports", nargs="*", metavar="REPORT", help=f"any of {', '.join(REPORTS)}")
     p.add_argument("--runs", type=int, default=3, help="fresh processes per figure")
+    p.add_argument(
+        "--volumes",
+        default="20000,100000,200000",
+        help="objects, holders: comma-separated counts of distinct volume ids",
+    )
+    p.add_argument("--serve-args", default="", help="objects, holders: more `serve` flags")
+    p.add_argument("--top", type=int, default=15, help="holders: how many to show")
     ns = p.parse_args(argv)
     unknown = [name for name in ns.reports if name not in REPORTS]
     if unknown:
         p.error(f"unknown report(s) {', '.join(unknown)}; known: {', '.join(REPORTS)}")
     run.compile_plugproxy()
-    for name in ns.reports or REPORTS:
+    for name in ns.reports or DEFAULT_REPORTS:
         if name == "startup":
             report_startup(ns.runs)
         elif name == "layers":
             report_layers()
-        else:
+        elif name == "specs":
             report_specs(ns.runs)
+        elif name == "objects":
+            report_objects(_counts(ns.volumes), ns.serve_args)
+        else:
+            report_holders(_counts(ns.volumes), ns.serve_args, ns.top)
         print()
     return 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import gc
 import os
 import sys
@@ -27,7 +26,6 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from google.protobuf import json_format
 
@@ -37,8 +35,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from plugproxy import serve  # noqa: E402
 from plugproxy.api import Call, LazyMessage, StatusCode  # noqa: E402
 from plugproxy.log import Logger  # noqa: E402
-from plugproxy.rules.state import MAX_OBJECTS, SpecState  # noqa: E402
-from plugproxy.stages import validate  # noqa: E402
+from plugproxy.rules.state import MAX_OBJECTS  # noqa: E402
 from plugproxy.stages.validate import ValidateStage  # noqa: E402
 
 PKG = "csi.v1"
@@ -89,16 +86,15 @@ class Driver:
                 "--serialize",
                 "off",
                 "--disable-metrics",
+                "--max-remembered-objects",
+                str(max_volumes),
             ]
         )
-        # Every spec's memory bounded at max_volumes, as SpecState's own default bounds it.
-        bounded = functools.partial(SpecState, max_volumes=max_volumes)
-        with mock.patch.object(validate, "SpecState", bounded):
-            self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
-            self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
-            # The stage plans CSI v1 (its memory included) when it first sees one of its
-            # methods, as routing a first call does.
-            self.stage.wants(self.server.registry.lookup("/csi.v1.Identity/Probe"))
+        self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
+        self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
+        # The stage plans CSI v1 (its memory included) when it first sees one of its
+        # methods, as routing a first call does.
+        self.stage.wants(self.server.registry.lookup("/csi.v1.Identity/Probe"))
         self.calls = 0
         self.sink: list[Prepared] | None = None
 

@@ -3,6 +3,8 @@ family keeps its state in, driven by a clock the test moves."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 
 from plugproxy.rules.memory import ExpiringMap, ago, map_digest, remember
@@ -124,10 +126,40 @@ def test_digests_and_ages_used_in_messages():
     assert [ago(s) for s in (0.5, 12, 300, 9000)] == ["just before", "12s ago", "5m ago", "2h ago"]
 
 
-def test_remember_keeps_a_plain_dict_to_its_limit_dropping_the_oldest_set():
-    table: dict[str, int] = {}
+@pytest.mark.parametrize("kind", [dict, OrderedDict])
+def test_remember_keeps_a_table_to_its_limit_dropping_the_oldest_set(kind: type) -> None:
+    table = kind()
     for n, key in enumerate("abcd"):
         remember(table, key, n, 3)
     assert table == {"b": 1, "c": 2, "d": 3}
     remember(table, "c", 9, 3)  # an update keeps its place and drops nothing
     assert list(table.items()) == [("b", 1), ("c", 9), ("d", 3)]
+    for n in range(1000):
+        remember(table, n, n, 3)
+    assert list(table.items()) == [(997, 997), (998, 998), (999, 999)]
+
+
+def test_dropped_after_tells_a_key_pushed_out_from_one_never_set():
+    m, clock = made(maxsize=2, ttl=10.0)
+    m["a"] = 1  # at 100
+    clock.now += 1
+    m["b"] = 2  # at 101
+    assert not m.dropped_after(0.0) and not m.lossy()  # nothing dropped: absence is evidence
+    clock.now += 1
+    m["c"] = 3  # at 102: "a" goes to make room
+    assert m.dropped_after(100.0) and not m.dropped_after(100.5)
+    assert m.lossy()  # "a" would be alive still
+    m["b"] = 4  # set again: now the newest, "c" the oldest
+    m["d"] = 5  # "c" goes, set at 102
+    assert m.dropped_after(102.0) and not m.dropped_after(102.5)
+    clock.now += 10.5  # "c" would have expired by now as well
+    assert not m.lossy() and m.dropped_after(102.0)
+
+
+def test_entries_that_expire_are_not_counted_as_dropped():
+    m, clock = made(maxsize=2, ttl=10.0)
+    m["a"] = 1
+    clock.now += 11
+    m["b"] = 2
+    m["c"] = 3  # "a" had expired: the map was not full
+    assert len(m._data) == 2 and not m.dropped_after(0.0)

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
+from prometheus_client import generate_latest
 
 from plugproxy import report
 from plugproxy.api import Call, LazyMessage, Runtime
@@ -22,6 +23,7 @@ from plugproxy.fakes import FailureRule, FakeKnobs, SpecClient, start_fake_plugi
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
 from plugproxy.rules.engine import RESPONSE_SAMPLE, _spread
+from plugproxy.rules.state import MAX_OBJECTS
 from plugproxy.sampling import picked_indices
 from plugproxy.serve import parse_args
 from plugproxy.stages import validate
@@ -35,6 +37,7 @@ from tests.support import (
     start_recorder,
     vault_descriptor_set,
 )
+from tests.test_rules_state import memories
 
 CSI = load_spec("csi.v1")
 DELETE = "/csi.v1.Controller/DeleteVolume"
@@ -194,6 +197,72 @@ def test_off_builds_no_stage_unless_a_rule_is_switched_on():
         "csi.size-limit": "audit",
         "csi.call-order": "enforce",
     }
+
+
+def test_max_remembered_objects_bounds_each_memory_from_the_flag_or_its_environment_twin():
+    argv = ["--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/b.sock"]
+    runtime = Runtime(
+        registry=Registry(), upstream=None, logger=Logger(io.StringIO()), metrics=None
+    )
+    create = "/csi.v1.Controller/CreateVolume"
+    for extra, environ, bound in (
+        ([], {}, MAX_OBJECTS),
+        (["--max-remembered-objects", "7"], {}, 7),
+        ([], {"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "9"}, 9),
+        (["--max-remembered-objects", "7"], {"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "9"}, 7),
+    ):
+        stage = validate.build(parse_args([*argv, *extra], environ=environ), runtime)
+        assert isinstance(stage, ValidateStage) and stage.max_objects == bound
+        state = stage._plans[create].state
+        assert state.max_volumes == bound and state.volumes.maxsize == bound
+        assert state.creates.maxsize == bound
+    assert MAX_OBJECTS == 10_000  # docs/performance.md measures this default
+    ns = parse_args(argv, environ={"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "0"})
+    with pytest.raises(ConfigError, match=r"^PLUGPROXY_MAX_REMEMBERED_OBJECTS must be at least 1"):
+        validate.build(ns, runtime)
+    ns = parse_args([*argv, "--max-remembered-objects", "-1"], environ={})
+    with pytest.raises(ConfigError, match=r"^--max-remembered-objects must be at least 1"):
+        validate.build(ns, runtime)
+
+
+async def test_a_proxy_remembers_at_most_max_remembered_objects_per_memory(tmp_path):
+    """Through a real proxy and the fake plugin, volumes created, published, staged and
+    mounted, a bound of 4: after every call no memory of the spec holds more than 4, the
+    oldest volumes are forgotten, and the legitimate calls stay unreported."""
+    async with through_proxy("csi.v1", tmp_path, "--max-remembered-objects", "4") as (c, proxy):
+        info = await c.call("NodeGetInfo")
+        cap = mount_cap(c)
+        state = stage_of(proxy)._plans[DELETE].state
+        vids = []
+        for n in range(12):
+            made = await c.call("CreateVolume", name=f"pvc-{n}", volume_capabilities=[cap])
+            vid = made.volume.volume_id
+            vids.append(vid)
+            pub = await c.call(
+                "ControllerPublishVolume",
+                volume_id=vid,
+                node_id=info.node_id,
+                volume_capability=cap,
+            )
+            node = {"volume_id": vid, "volume_capability": cap}
+            node["publish_context"] = dict(pub.publish_context)
+            await c.call("NodeStageVolume", staging_target_path=f"/stage/{n}", **node)
+            await c.call(
+                "NodePublishVolume",
+                staging_target_path=f"/stage/{n}",
+                target_path=f"/t/{n}",
+                **node,
+            )
+            await asyncio.sleep(0)  # the finish hooks run once the answer went out
+            for name, memory in memories(state):
+                assert len(memory) <= 4, name
+        assert len(state.volumes) == 4
+        assert state.peek(vids[0]) is None and state.peek(vids[-1]) is not None
+        assert stage_of(proxy).report.snapshot() == []
+        # Nor does any metric keep a series per volume.
+        exposition = generate_latest(proxy.metrics).decode()
+        assert "ControllerPublishVolume" in exposition
+        assert not any(vid in exposition for vid in vids)
 
 
 @pytest.mark.parametrize(

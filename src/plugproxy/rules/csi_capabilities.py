@@ -11,6 +11,7 @@ and checks that exist there.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -236,7 +237,7 @@ class CapabilityMemory:
         self.controller_at: float | None = None
         # Hash of a listed entry's wire bytes -> (it has accessible_topology, it has status):
         # a page listed again is not read entry by entry for them. The bytes decide.
-        self.listed: dict[int, tuple[bool, bool]] = {}
+        self.listed: OrderedDict[int, tuple[bool, bool]] = OrderedDict()
 
     def listed_facts(self, call: Call, resp: Any, v1: bool) -> list[tuple[bool, bool]]:
         """(has accessible_topology, has status) of each ListVolumes entry in ``resp``; CSI

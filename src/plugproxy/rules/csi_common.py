@@ -24,6 +24,7 @@ from plugproxy.rules.engine import (
     malformed_message_rule,
 )
 from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
+from plugproxy.rules.state import added, removed
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
@@ -624,8 +625,16 @@ def staging_path_missing(st: SpecState, req: Any) -> bool:
 
 
 def capability_names(response: Any) -> frozenset[str]:
-    """Names of the capability enum values a *GetCapabilities response lists."""
+    """Names of the capability enum values a *GetCapabilities response lists; for COSI
+    v1alpha2's DriverGetInfo, the protocols it lists as supported (S3, AZURE, GCS)."""
     names: set[str] = set()
+    if "supported_protocols" in response.DESCRIPTOR.fields_by_name:
+        for protocol in response.supported_protocols:
+            fd = protocol.DESCRIPTOR.fields_by_name["type"]
+            value = fd.enum_type.values_by_number.get(protocol.type)
+            if value is not None and value.number:
+                names.add(value.name)
+        return frozenset(names)
     for cap in response.capabilities:
         kind = cap.WhichOneof("type")
         if kind is None:
@@ -843,7 +852,7 @@ class CsiChecks:
     ) -> Iterable[Violation]:
         vs = st.peek(req.volume_id)
         if code == "NOT_FOUND" and vs is not None:  # the volume is gone: nothing stays staged
-            vs.staged.discard(req.staging_target_path)
+            vs.staged = removed(vs.staged, req.staging_target_path)
         return ()
 
     def node_unpublish_error(
@@ -935,6 +944,10 @@ class CsiChecks:
         if req.name and vid:
             digest = message_digest(req)
             prev = st.creates.get(req.name)
+            # A delete finds the name through the volume's state: with that dropped to make
+            # room, the delete of the earlier volume may have been missed.
+            if prev is not None and st.volumes.dropped_after(prev[2]):
+                prev = None
             now = st.clock()
             if self.fixed_shape:
                 same = (
@@ -1110,38 +1123,40 @@ class CsiChecks:
 
     def controller_published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.volume_id and req.node_id:
-            st.volume(req.volume_id).controller_nodes.add(req.node_id)
+            vs = st.volume(req.volume_id)
+            vs.controller_nodes = added(vs.controller_nodes, req.node_id)
 
     def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         vs = st.peek(req.volume_id)
         if vs is None:
             return
         if req.node_id:
-            vs.controller_nodes.discard(req.node_id)
+            vs.controller_nodes = removed(vs.controller_nodes, req.node_id)
         else:
-            vs.controller_nodes.clear()
+            vs.controller_nodes = ()
 
     def staged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.volume_id:
             vs = st.volume(req.volume_id)
-            vs.staged.add(req.staging_target_path)
+            vs.staged = added(vs.staged, req.staging_target_path)
             vs.known_unstaged = False
 
     def unstaged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.volume_id:
             vs = st.volume(req.volume_id)
-            vs.staged.discard(req.staging_target_path)
+            vs.staged = removed(vs.staged, req.staging_target_path)
             if not vs.staged:
                 vs.known_unstaged = True
 
     def published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.volume_id:
-            st.volume(req.volume_id).published.add(req.target_path)
+            vs = st.volume(req.volume_id)
+            vs.published = added(vs.published, req.target_path)
 
     def unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         vs = st.peek(req.volume_id)
         if vs is not None:
-            vs.published.discard(req.target_path)
+            vs.published = removed(vs.published, req.target_path)
 
     def in_use(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         # The CO polls stats of the volumes it uses: what the proxy knows of them stays fresh.

@@ -32,6 +32,7 @@ plugin's answer can confirm are judged on that answer.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,11 @@ def _norm(path: str) -> str:
 def _trim(entries: dict[str, Any]) -> None:
     while len(entries) > MAX_PER_VOLUME:
         del entries[next(iter(entries))]
+
+
+def _full(entries: dict[str, Any]) -> bool:
+    """Whether ``entries`` (one volume's) may have dropped one: absence is no evidence."""
+    return len(entries) >= MAX_PER_VOLUME
 
 
 # -- memory -----------------------------------------------------------------------------------
@@ -258,7 +264,7 @@ class ConsistencyState:
         # Hash of a listed entry's wire bytes -> (volume id, fingerprint of its context),
         # for entries without topology: what those bytes say, read once however often
         # a CO lists them. Bounded by count; the bytes decide, so nothing expires.
-        self.listed: dict[int, tuple[str, int]] = {}
+        self.listed: OrderedDict[int, tuple[str, int]] = OrderedDict()
 
     def volume(self, volume_id: str) -> _Volume:
         """The record of ``volume_id`` to update, made if need be; its TTL starts again."""
@@ -303,7 +309,8 @@ def _same_id(
     key = (rpc, digest(req.SerializeToString(deterministic=True)))
     now = mem.clock()
     prev = mem.created.get(key)
-    if prev is not None and prev[0] != made:
+    # A delete finds the create by its id: with that dropped to make room, one may be missed.
+    if prev is not None and prev[0] != made and not mem.created_ids.dropped_after(prev[1]):
         yield Violation(
             cs.rule("create-not-idempotent"),
             field_name,
@@ -352,6 +359,15 @@ def _kubernetes_owned(prefix: str) -> bool:
     """Kubernetes' reserved key prefixes: keys the CO defines (topology.kubernetes.io/zone),
     which drivers return besides their own so the CO can schedule by its standard labels."""
     return prefix in ("kubernetes.io", "k8s.io") or prefix.endswith((".kubernetes.io", ".k8s.io"))
+
+
+def _unpublish_sent(mem: ConsistencyState, vid: str, at: float) -> bool:
+    """Whether a ControllerUnpublishVolume of ``vid`` may have been sent at ``at`` or later
+    (one dropped to make room counts)."""
+    undone = mem.unpublish_sent.get(vid)
+    if undone is not None:
+        return undone >= at
+    return mem.unpublish_sent.dropped_after(at)
 
 
 def _forget_created(mem: ConsistencyState, made: str) -> None:
@@ -917,12 +933,11 @@ class ConsistencyChecks:
         sent = call.stage_state.get(_GET_SENT)
         if not pubs or sent is None:
             return
-        undone = mem.unpublish_sent.get(vid)
         now = mem.clock()
         held = [
             p.at
             for p in pubs.values()
-            if p.at <= sent and now - p.at <= HANDOVER and (undone is None or undone < p.at)
+            if p.at <= sent and now - p.at <= HANDOVER and not _unpublish_sent(mem, vid, p.at)
         ]
         if held:
             yield Violation(
@@ -1044,9 +1059,8 @@ class ConsistencyChecks:
         pub = pubs.get(req.node_id) if pubs else None
         if pub is None or not pub.mode or pub.mode != _publish_mode(req):
             return
-        undone = mem.unpublish_sent.get(req.volume_id)
         now = mem.clock()
-        if now - pub.at > HANDOVER or (undone is not None and undone >= pub.at):
+        if now - pub.at > HANDOVER or _unpublish_sent(mem, req.volume_id, pub.at):
             return
         yield Violation(
             cs.rule("not-idempotent"),
@@ -1238,7 +1252,11 @@ class ConsistencyChecks:
                     f" volume_capability (the first {ago(now - first.at)}) was answered OK;"
                     " the plugin SHOULD answer FAILED_PRECONDITION (the table: ALREADY_EXISTS)",
                 )
-        elif self.f.v1 and _mode_name(req.volume_capability) == "SINGLE_NODE_SINGLE_WRITER":
+        elif (
+            self.f.v1
+            and _mode_name(req.volume_capability) == "SINGLE_NODE_SINGLE_WRITER"
+            and not _full(vol.targets)  # the same target_path may have been dropped
+        ):
             latest = max(t.at for t in vol.targets.values())
             yield Violation(
                 cs.rule("republish-answer"),
@@ -1261,6 +1279,8 @@ class ConsistencyChecks:
         vol = _mem(st).volumes.get(req.volume_id)
         if vol is None or not vol.targets or _norm(req.target_path) in vol.targets:
             return
+        if _full(vol.targets):
+            return  # the same target_path may have been dropped
         latest = max(t.at for t in vol.targets.values())
         yield Violation(
             cs.rule("republish-answer"),
@@ -1358,8 +1378,10 @@ class ConsistencyChecks:
         if vol is None or vol.created_at is None or vol.in_use():
             return
         pubs = mem.publishes.get(req.volume_id)
-        if pubs and node in pubs:
+        if pubs and (node in pubs or _full(pubs)):
             return
+        if mem.publishes.dropped_after(vol.created_at):
+            return  # a publish to the node may have been dropped to make room
         controller = st.known_capabilities("controller")
         if controller is None or "PUBLISH_UNPUBLISH_VOLUME" not in controller:
             return

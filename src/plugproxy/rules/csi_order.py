@@ -111,6 +111,11 @@ class _Volume:
     unpublished: dict[str, float] = field(default_factory=dict)
 
 
+def _full(vol: _Volume) -> bool:
+    """Whether ``vol`` may have dropped a publication (the node asked about, perhaps)."""
+    return len(vol.published) >= MAX_NODES
+
+
 def _unpublished_since(created: float, vol: _Volume, node: str) -> tuple[float, str]:
     """Since when ``vol``, created at ``created``, is known not published to ``node`` (it
     is not now), and how: its creation, or the latest unpublish from that node or from all
@@ -271,7 +276,8 @@ class OrderChecks:
                 " volume MUST be staged successfully first",
                 enforceable=False,
             )
-        elif refused is not None:
+        elif refused is not None and not (stage is None and mem.stages.dropped_after(refused)):
+            # (a stage answered OK since may have been dropped to make room)
             yield Violation(
                 cs.rule("call-order"),
                 "staging_target_path",
@@ -377,7 +383,7 @@ class OrderChecks:
             return
         mem = _mem(st)
         vol = mem.volumes.get(req.volume_id)
-        if vol is None or vol.created_at is None or node in vol.published:
+        if vol is None or vol.created_at is None or node in vol.published or _full(vol):
             return
         created = vol.created_at
         controller = st.known_capabilities("controller")
@@ -426,7 +432,7 @@ class OrderChecks:
         if vol is None or not node or code in _UNPUBLISH_NOT_JUDGED:
             return
         created = vol.created_at
-        if created is None or node in vol.published:
+        if created is None or node in vol.published or _full(vol):
             return
         now = mem.clock()
         since, how = _unpublished_since(created, vol, node)

@@ -160,6 +160,8 @@ def _validate_response(
     changed = memory.changed.get(req.volume_id)
     if changed is not None and changed >= earlier[2]:
         return
+    if changed is None and memory.changed.dropped_after(earlier[2]):
+        return  # a change since may have been dropped to make room
     said = "confirmed" if earlier[1] else "did not confirm"
     says = "confirms" if confirmed else "does not confirm"
     yield Violation(

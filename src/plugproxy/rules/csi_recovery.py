@@ -408,6 +408,8 @@ def _name_reused(
         return
     if deleted is not None and deleted >= when:
         return
+    if deleted is None and memory.deleted.dropped_after(when):
+        return  # a delete of it may have been dropped to make room
     if first_arguments == arguments:
         if first_whole != whole:  # an identical repeat is judged where it is remembered
             yield Violation(
@@ -451,6 +453,8 @@ def _id_reused(
     deleted = memory.deleted.get(f"{kind}:{made}")
     if deleted is not None and deleted >= when:
         return
+    if deleted is None and memory.deleted.dropped_after(when):
+        return  # a delete of it may have been dropped to make room
     if rpc == "CreateVolume":
         rule = cs.find("volume-id-reused")
     elif _sources(first_arguments) != _sources(arguments):

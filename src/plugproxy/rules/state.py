@@ -7,6 +7,10 @@ with time: capabilities expire after a TTL, volumes live in bounded, expiring ma
 the proxy saw counts: a volume it never saw staged is not "unstaged", it is unknown, and
 unknown history is never a violation. Memory that went stale (an HA peer relayed the
 next step, an answer was lost) thus ages into "unknown" instead of blocking a volume.
+Forgetting by the bound (--max-remembered-objects) works the same way: a rule finding no
+entry judges nothing, and one taking an absence as evidence first asks whether an entry
+was dropped to make room (ExpiringMap.dropped_after), so forgetting may cost a missed
+violation, never a false one.
 All access happens on the event loop, so no locks are needed.
 """
 
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from plugproxy.rules.memory import ExpiringMap
@@ -24,27 +28,42 @@ QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the
 # Call order faults show within minutes of the call they follow; older memory of a volume
 # nobody touched is more likely stale (another replica relayed the next step) than useful.
 LIFECYCLE_TTL = 3600.0
-# Objects (volumes, snapshots, paths, requests) each cache of a spec holds at most. The
-# rules keep about 6-9 KB per volume in use (bench/rulecost.py), so 20,000 bounds a spec's
-# memory near 150 MB in the worst case; a node sees a few hundred volumes, and a controller
-# acting on more within the hour forgets the oldest first: unknown history, never a fault.
-MAX_OBJECTS = 20_000
+# Objects (volumes, snapshots, nodes, paths, requests) each memory of a spec holds at most
+# (--max-remembered-objects). ControllerPublishVolume of distinct volumes keeps about 2.5 KB
+# of RSS per volume over four memories (bench/rsscost.py objects: +25 MiB at the bound); a
+# node sees a few hundred volumes, and a controller acting on more within the hour forgets
+# the one set longest ago first: unknown history, never a fault.
+MAX_OBJECTS = 10_000
 
 _Part = TypeVar("_Part")
 
 
 @dataclass(slots=True)
 class VolumeState:
-    """What was seen of one volume id. ``None`` fields mean "never seen either way"."""
+    """What was seen of one volume id. Empty fields mean "never seen either way".
+
+    The collections are tuples, changed with :func:`added` and :func:`removed`: most hold
+    none or one item, and an empty tuple costs nothing where each empty set took 216 bytes
+    (a controller remembers thousands of volumes)."""
 
     # Controller side: node ids the volume was ControllerPublished to and not unpublished.
-    controller_nodes: set[str] = field(default_factory=set)
+    controller_nodes: tuple[str, ...] = ()
     # Node side (this proxy's node): staging paths staged and target paths published.
-    staged: set[str] = field(default_factory=set)
-    published: set[str] = field(default_factory=set)
+    staged: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
     # True once the proxy saw the volume created or unstaged: it is known not staged.
     known_unstaged: bool = False
     created_name: str = ""  # the CreateVolume name that returned this id, when seen
+
+
+def added(items: tuple[str, ...], item: str) -> tuple[str, ...]:
+    """``items`` with ``item``, held once."""
+    return items if item in items else (*items, item)
+
+
+def removed(items: tuple[str, ...], item: str) -> tuple[str, ...]:
+    """``items`` without ``item``."""
+    return tuple(x for x in items if x != item) if item in items else items
 
 
 class SpecState:
@@ -76,12 +95,17 @@ class SpecState:
         """The memory a rule family keeps for this spec, made by ``kind(self)`` on first use.
 
         A family module owns its state class; it bounds and expires it itself (ExpiringMap
-        with ``max_volumes``, ``lifecycle_ttl`` and ``clock``).
+        with ``max_volumes``, ``lifecycle_ttl`` and ``clock``), and where one of its rules
+        takes an absence as evidence it asks the map's ``dropped_after`` first.
         """
         found = self._parts.get(kind)
         if found is None:
             found = self._parts[kind] = kind(self)  # type: ignore[call-arg]
         return found  # type: ignore[return-value]
+
+    def parts(self) -> list[object]:
+        """The memories the rule families made with :meth:`part` so far."""
+        return list(self._parts.values())
 
     # -- capabilities ---------------------------------------------------------------------
 
