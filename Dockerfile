@@ -22,13 +22,16 @@ FROM ${BUILD_BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # Debian's slim image lacks what the install needs; the bases of tools/build-bases.sh have it.
-RUN if ! command -v make >/dev/null || ! python3.11 -c 'import ensurepip' 2>/dev/null; then \
+# gcc and Python's headers compile the hot path (setup.py); the runtime stage needs neither.
+RUN if ! command -v make >/dev/null || ! command -v gcc >/dev/null \
+      || ! python3.11 -c 'import ensurepip' 2>/dev/null; then \
       apt-get update \
       && apt-get install -y --no-install-recommends python3 python3-venv make ca-certificates \
+         gcc libc6-dev python3-dev \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 WORKDIR /src
-COPY Makefile pyproject.toml README.md ./
+COPY Makefile pyproject.toml setup.py README.md ./
 COPY src ./src
 # INSTALL_SPEC=. installs a regular (not editable) copy, so /src is not needed at run time.
 # An extra CA bundle for the downloads (e.g. a proxy's) comes in as a build secret: it is

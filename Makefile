@@ -11,17 +11,30 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The image build runs `make install VENV=/opt/plugproxy INSTALL_SPEC=.` (not editable).
-INSTALL_SPEC ?= -e .
+# plugproxy is installed as a regular copy, its hot path compiled by mypyc where a C
+# compiler and Python's headers are present, pure Python where not (setup.py says which,
+# in one line). A change under src/ reinstalls it on the next make; meanwhile
+# `PYTHONPATH=src .venv/bin/pytest ...` runs the sources as they are, interpreted.
+INSTALL_SPEC ?= .
+SOURCES := setup.py pyproject.toml $(wildcard src/plugproxy/*.py src/plugproxy/*/*.py \
+	src/plugproxy/*/*/*.py src/plugproxy/descriptors/*.binpb)
+# pip -v for the one line setup.py writes; the rest of its output only when it fails.
+define pip_install
+	@log=$$(mktemp); if $(BIN)/pip install -v $(1) >$$log 2>&1; then \
+	  grep -E '^ *plugproxy: (compiling|building)' $$log | sed 's/^ *//'; rm -f $$log; \
+	else tail -n 60 $$log; rm -f $$log; exit 1; fi
+endef
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	@echo "installing plugproxy and its dependencies into $(VENV) (a minute or two the first time) ..."
-	$(BIN)/pip install --quiet $(INSTALL_SPEC)
+$(VENV)/.installed: $(SOURCES) | $(BIN)/python
+	@echo "installing plugproxy and its dependencies into $(VENV), compiling its hot path (a few minutes the first time) ..."
+	$(call pip_install,$(INSTALL_SPEC))
+	@$(BIN)/plugproxy --version
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
-	@echo "installing plugproxy and the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(VENV)/.dev-installed: $(SOURCES) | $(BIN)/python
+	@echo "installing plugproxy, compiling its hot path, and the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
+	$(call pip_install,'.[dev]')
+	@$(BIN)/plugproxy --version
 	touch $@ $(VENV)/.installed
 
 ## install: create the venv and install plugproxy into it (the Dockerfile runs this too)
@@ -31,9 +44,19 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/plugproxy demo
 
-## test: install with dev tools, check generated descriptors, lint, type-check, run the suite
+# Run again on the sources, interpreted: the relay's conformance and abuse suites, the
+# stage chain, and the legitimate-traffic and fault suites (the build a machine without a
+# C compiler gets).
+INTERPRETED_TESTS = tests/test_build.py tests/test_relay*.py tests/test_pipeline.py \
+	tests/test_api.py tests/integration/test_relay_limits.py tests/integration/test_faults.py \
+	tests/integration/test_validation_legitimate.py
+
+## test: install (compiled) with dev tools, check generated files, lint, type-check, run the
+## suite; then the relay's suites and a fast subset again on the interpreted sources
 test: $(VENV)/.dev-installed check
 	$(BIN)/pytest -q
+	@echo "the relay's suites and a fast subset again, interpreted (PYTHONPATH=src) ..."
+	PYTHONPATH=src PLUGPROXY_EXPECT_BUILD=interpreted $(BIN)/pytest -q -p no:cacheprovider $(INTERPRETED_TESTS)
 
 check: $(VENV)/.dev-installed
 	$(BIN)/python tools/gen_descriptors.py --check

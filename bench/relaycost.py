@@ -18,10 +18,12 @@ at a time, in DATA frames of 16 KiB that arrive 64 KiB a read; the plugin's capa
 are asked first, untimed, as a proxy learns them before it judges a listing.
 
 The time per call moves with whatever else the machine runs. For a figure that does not,
-count instructions with valgrind and take the difference of two call counts:
+count instructions with valgrind and take the difference of two call counts, both runs
+preparing the same bytes (``--prepare``), so that the harness's own HPACK encoding of the
+calls cancels out and only the relay's work remains:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
-        python bench/relaycost.py --calls 1000      # then --calls 4000
+        python bench/relaycost.py --calls 1000 --prepare 4000    # then --calls 4000
     # instructions per call = (I(4000) - I(1000)) / 3000
 """
 
@@ -122,7 +124,7 @@ def prepared(batch: int, answers: list[tuple[str, bytes]]) -> tuple[list[bytes],
                     ("te", "trailers"),
                     # Deadlines move: about one call in three carries a value not seen before
                     # (as a grpc-go client's do under load), which HPACK sends as a literal.
-                    ("grpc-timeout", f"{9_990_000 + n // 3}u"),
+                    ("grpc-timeout", f"{9_990_000 + n // 3}m"),
                 ]
             )
             co.append(
@@ -147,6 +149,7 @@ async def cost(
     serve_args: str | None = None,
     log: TextIO | None = None,
     method: str = "plugin-info",
+    prepare: int = 0,
 ) -> float:
     logger = Logger(fmt="json", level="warning")
     upstream = Upstream(parse_endpoint("unix:///bench.sock", "--upstream"), logger, 1 << 24)
@@ -158,14 +161,6 @@ async def cost(
         logger = Logger(log)
         server = serve.ProxyServer(ns, logger=logger)
         registry, stages = server.registry, server.stages
-    relay = FrameRelay(
-        registry,
-        upstream,
-        stages,
-        logger,
-        max_message_bytes=1 << 24,
-        max_concurrent_calls=10_000,
-    )
     sides: list[PluginSide] = []
     dialled = asyncio.Event()
 
@@ -176,7 +171,15 @@ async def cost(
         dialled.set()
         return side
 
-    relay.connect_upstream = connect  # type: ignore[method-assign]
+    relay = FrameRelay(
+        registry,
+        upstream,
+        stages,
+        logger,
+        max_message_bytes=1 << 24,
+        max_concurrent_calls=10_000,
+        dial=connect,
+    )
     pairing = Pairing(relay)
     pairing.connection_made(Sink())
     await dialled.wait()
@@ -185,11 +188,13 @@ async def cost(
     windows = settings_frame({INITIAL_WINDOW_SIZE: 2**31 - 1})
     pairing.data_received(PREFACE + windows + grant)
     sides[0].data_received(frame(SETTINGS, 0, 0))
-    answers, untimed = calls_of(method, calls)
+    answers, untimed = calls_of(method, max(calls, prepare))
     if untimed:
         batch = 1  # a listing's calls one at a time, as a CO pages through them
     reads = list(zip(*prepared(batch, answers), strict=True))
     timed = untimed // batch
+    # Calls prepared beyond --calls are never sent: only their encoding is paid.
+    reads = reads[: timed + -(-calls // batch)]
 
     def relay_all(part: list[tuple[bytes, list[bytes]]]) -> None:
         for co_read, plugin_reads in part:
@@ -211,13 +216,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=8, help="calls per read")
+    parser.add_argument(
+        "--prepare",
+        type=int,
+        default=0,
+        help="encode this many calls (at least --calls) and relay the first --calls",
+    )
     parser.add_argument("--method", choices=("plugin-info", "list-volumes"), default="plugin-info")
     parser.add_argument(
         "--serve-args", default=None, help='stages as these serve flags build them ("": defaults)'
     )
     ns = parser.parse_args()
     with open(os.devnull, "w") as log:
-        us = asyncio.run(cost(ns.calls, ns.batch, ns.serve_args, log, ns.method))
+        us = asyncio.run(cost(ns.calls, ns.batch, ns.serve_args, log, ns.method, ns.prepare))
     what = "passthrough" if ns.serve_args is None else f"serve {ns.serve_args or '(defaults)'}"
     if ns.method == "list-volumes":
         print(f"frame relay, {what}: {us / 1000:.2f} ms CPU per ListVolumes call")

@@ -22,7 +22,9 @@ objects  ControllerPublishVolume for distinct volume ids through `plugproxy serv
          (minutes of calls).
 holders  The same calls through a proxy built in this process with tracemalloc on: the
          source lines that allocated what the proxy still holds after the last count of
-         --volumes, largest first (tracemalloc slows the proxy several times).
+         --volumes, largest first (tracemalloc slows the proxy several times). It
+         names Python lines only: run it on the sources, `PYTHONPATH=src`, when the
+         installed build is compiled.
 
 Modules are compiled to bytecode first, as run.py does (run.compile_plugproxy).
 """

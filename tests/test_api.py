@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from plugproxy.api import CallKind, LazyMessage, Reject, StatusCode
-from plugproxy.registry import load_spec
+from plugproxy.api import MAX_CALL_EVENTS, Call, CallKind, LazyMessage, Reject, StatusCode
+from plugproxy.registry import Registry, load_spec
 
 CSI = load_spec("csi.v1")
 
@@ -58,3 +58,15 @@ def test_status_codes_are_grpcs_by_name_and_value():
         assert grpc.StatusCode(ours.value) is theirs
     # A stage written against grpc's codes still rejects with ours.
     assert Reject(grpc.StatusCode.ABORTED, "busy").code is StatusCode.ABORTED
+
+
+def test_a_call_keeps_a_bounded_number_of_events():
+    """A stream open for as long as its plugin may break a rule in every message: the call
+    keeps the first events for its log line and span and counts the rest."""
+    method = Registry(["drahealth.v1"]).lookup("/v1.DRAResourceHealth/NodeWatchResources")
+    call = Call(method, (), [], None)
+    for i in range(MAX_CALL_EVENTS + 500):
+        call.add_event("violation", rule="drahealth.health-value", index=i)
+    assert len(call.events) == MAX_CALL_EVENTS == 128
+    assert call.events[-1].attributes["index"] == MAX_CALL_EVENTS - 1
+    assert call.events_dropped == 500

@@ -13,8 +13,7 @@ import pytest
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.log import Logger
 from plugproxy.registry import Registry
-from plugproxy.rules.state import LIFECYCLE_TTL, SpecState
-from plugproxy.stages import validate
+from plugproxy.rules.state import LIFECYCLE_TTL
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 
@@ -39,12 +38,7 @@ class Harness:
             registry=self.registry, upstream=None, logger=Logger(io.StringIO()), metrics=None
         )
         self.clock = clock or FakeClock()
-        original = validate.SpecState
-        validate.SpecState = lambda: SpecState(clock=self.clock)  # type: ignore[assignment,misc]
-        try:
-            self.stage = ValidateStage(runtime, mode, {})
-        finally:
-            validate.SpecState = original  # type: ignore[misc]
+        self.stage = ValidateStage(runtime, mode, {}, clock=self.clock)
         self.paths = {m.name: m.path for m in self.registry.methods(spec)}
         self.messages: list[str] = []
 

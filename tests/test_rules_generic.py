@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import io
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -57,10 +57,15 @@ class Clock:
 class Driver:
     """One real ValidateStage; calls are driven through its hooks as a relay drives them."""
 
-    def __init__(self, mode: str = "audit", rules: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        mode: str = "audit",
+        rules: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry = Registry()
         runtime = Runtime(self.registry, upstream=None, logger=Logger(io.StringIO()), metrics=None)
-        self.stage = ValidateStage(runtime, mode, rules or {})
+        self.stage = ValidateStage(runtime, mode, rules or {}, clock=clock)
         self.paths = {(m.spec_name, m.name): m.path for m in self.registry.methods()}
 
     def state(self, spec: str) -> SpecState:
@@ -203,10 +208,9 @@ def driver() -> Driver:
 
 
 @pytest.fixture
-def clocked(monkeypatch: pytest.MonkeyPatch) -> tuple[Driver, Clock]:
+def clocked() -> tuple[Driver, Clock]:
     clock = Clock()
-    monkeypatch.setattr(validate, "SpecState", functools.partial(SpecState, clock=clock))
-    d = Driver()
+    d = Driver(clock=clock)
     d.caps("csi.v1", "node", "STAGE_UNSTAGE_VOLUME")
     d.caps("csi.v1", "controller", "CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME")
     d.caps("csi.v1", "plugin", "CONTROLLER_SERVICE")

@@ -22,9 +22,11 @@ from typing import Any
 import grpc
 import pytest
 
+import plugproxy
 from plugproxy.registry import SPEC_NAMES as SPEC_ORDER
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+# Where the plugproxy under test lives (src/, or site-packages for an installed build).
+SRC = Path(plugproxy.__file__).resolve().parents[1]
 HEAVY = ("grpc", "opentelemetry.sdk", "plugproxy.tlsfiles", "plugproxy.tlslog")
 
 PROBE = textwrap.dedent(

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from plugproxy import redact, serve
-from plugproxy.api import Call, Reject, Stage
+from plugproxy.api import Call, Reject, Runtime, Stage
 from plugproxy.endpoints import ConfigError
 from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
@@ -325,17 +325,16 @@ def test_build_honours_the_options():
     def ns(*args: str) -> Any:
         return serve.parse_args(["--listen", "unix:///a", "--upstream", "unix:///b", *args], {})
 
-    class _Runtime:
-        registry = Registry(["csi.v1"])
-        logger = Logger(io.StringIO())
-
-    assert calllog.build(ns("--call-log", "off"), _Runtime()) is None  # type: ignore[arg-type]
-    plain = calllog.build(ns(), _Runtime())  # type: ignore[arg-type]
+    runtime = Runtime(
+        Registry(["csi.v1"]), upstream=None, logger=Logger(io.StringIO()), metrics=None
+    )
+    assert calllog.build(ns("--call-log", "off"), runtime) is None
+    plain = calllog.build(ns(), runtime)
     assert type(plain) is CallLogStage and not hasattr(plain, "on_response")
-    payloads = calllog.build(ns("--log-payloads"), _Runtime())  # type: ignore[arg-type]
+    payloads = calllog.build(ns("--log-payloads"), runtime)
     assert isinstance(payloads, PayloadCallLogStage) and payloads.payload_max_bytes == 4096
     with pytest.raises(ConfigError, match=r"--redact csi\.v1\.Nope\.x: csi\.v1 has no message"):
-        calllog.build(ns("--redact", "csi.v1.Nope.x"), _Runtime())  # type: ignore[arg-type]
+        calllog.build(ns("--redact", "csi.v1.Nope.x"), runtime)
 
 
 def answer_echoing_the_secret(plugin: Any) -> tuple[str, bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from plugproxy import __version__, admin, serve
-from plugproxy.api import Call, CallKind, MethodInfo, StatusCode
+from plugproxy.api import Call, CallKind, MethodInfo, Runtime, StatusCode
+from plugproxy.log import Logger
 from plugproxy.registry import Registry, load_spec
 from plugproxy.stages import metrics
 from plugproxy.stages.metrics import MetricsStage, go_code_name, register_process_metrics
@@ -424,9 +426,10 @@ def test_series_are_resolved_once_per_method_and_code():
 
 def test_disabled_by_option_builds_nothing():
     ns = serve.parse_args(["--disable-metrics"], environ={})
-    assert metrics.build(ns, None) is None  # type: ignore[arg-type]
+    runtime = Runtime(Registry(), upstream=None, logger=Logger(io.StringIO()), metrics=None)
+    assert metrics.build(ns, runtime) is None
     ns = serve.parse_args([], environ={"PLUGPROXY_DISABLE_METRICS": "true"})
-    assert metrics.build(ns, None) is None  # type: ignore[arg-type]
+    assert metrics.build(ns, runtime) is None
 
 
 async def test_a_fresh_proxy_exposes_what_the_alerts_compare_and_no_created_samples(plugin):

@@ -4,6 +4,7 @@ capability learning, call order, and the /violations and /metrics reports over H
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import os
@@ -184,7 +185,8 @@ async def test_per_rule_override_beats_the_global_mode(recorder):
 def test_off_builds_no_stage_unless_a_rule_is_switched_on():
     argv = ["--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/b.sock"]
     ns = parse_args([*argv, "--validation", "off"], environ={})
-    assert validate.build(ns, None) is None  # type: ignore[arg-type]
+    runtime = Runtime(Registry(), upstream=None, logger=Logger(io.StringIO()), metrics=None)
+    assert validate.build(ns, runtime) is None
     ns = parse_args(
         argv,
         environ={
@@ -331,9 +333,7 @@ async def test_a_failing_request_check_fails_closed(recorder):
 
     assert stage.wants(proxy.registry.lookup(DELETE))  # plans csi.v1, as its first call does
     plan = stage._plans[DELETE]
-    stage._plans[DELETE] = type(plan)(
-        **{**{f: getattr(plan, f) for f in plan.__slots__}, "request_checks": (broken,)}
-    )
+    stage._plans[DELETE] = dataclasses.replace(plan, request_checks=(broken,))
     try:
         _, err = await unary(
             listen, DELETE, csi("DeleteVolumeRequest", volume_id="v").SerializeToString()

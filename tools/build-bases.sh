@@ -2,7 +2,8 @@
 # The two base images of `make image BASES=debian`, made from Debian packages so that no
 # container registry is needed (the way distroless images are made):
 #
-#   build base    Debian 12 minbase with python3, python3-venv and make
+#   build base    Debian 12 minbase with python3, python3-venv, make, and gcc with
+#                 Python's headers for the compiled build (setup.py)
 #   runtime base  only Python 3.11's runtime files and the shared libraries it and the
 #                 wheels load, CA certificates and the nonroot user (65532): no shell,
 #                 package manager, dpkg or perl
@@ -54,7 +55,8 @@ trap cleanup EXIT
 tree=$work/build runtime=$work/runtime
 
 echo "build-bases: debootstrap bookworm from $mirror" >&2
-if ! debootstrap --variant=minbase --include=python3,python3-venv,make,ca-certificates \
+if ! debootstrap --variant=minbase \
+  --include=python3,python3-venv,make,ca-certificates,gcc,libc6-dev,python3-dev \
   bookworm "$tree" "$mirror" >"$work/debootstrap.log" 2>&1; then
   tail -n 5 "$work/debootstrap.log" >&2
   fail "debootstrap failed (full log above)"

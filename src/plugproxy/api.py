@@ -22,16 +22,17 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
+# Imported at run time, not only for the type checker: a compiled build evaluates the
+# NamedTuple's annotations when the module loads.
 from google.protobuf import descriptor_pb2
+from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
+from google.protobuf.descriptor_pool import DescriptorPool
+from google.protobuf.message import Message
+from mypy_extensions import mypyc_attr
 
 from plugproxy.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
-
-if TYPE_CHECKING:
-    from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescriptor
-    from google.protobuf.descriptor_pool import DescriptorPool
-    from google.protobuf.message import Message
 
 MetadataValue = str | bytes
 Metadata = tuple[tuple[str, MetadataValue], ...]
@@ -82,10 +83,15 @@ class CallKind(enum.Enum):
     STREAM_UNARY = "client_streaming"
     STREAM_STREAM = "bidi_streaming"
 
-    def __init__(self, value: str) -> None:
-        # Plain attributes, not properties: the relay and the stages read them on every call.
-        self.unary_request: bool = value in ("unary", "server_streaming")
-        self.unary_response: bool = value in ("unary", "client_streaming")
+    # Plain attributes, not properties: the relay and the stages read them on every call.
+    # Set below rather than in an __init__, which a compiled build cannot give an enum.
+    unary_request: bool
+    unary_response: bool
+
+
+for _kind in CallKind:
+    _kind.unary_request = _kind.value in ("unary", "server_streaming")
+    _kind.unary_response = _kind.value in ("unary", "client_streaming")
 
 
 class Party(enum.Enum):
@@ -107,6 +113,7 @@ class SpecDescriptors(NamedTuple):
     message_classes: dict[str, type[Message]]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SpecInfo:
     """One spec version with its own descriptor pool (csi_secret and cmi_secret collide).
 
@@ -340,6 +347,10 @@ class LazyMessage:
         return len(getattr(message, field_name)) if message is not None else 0
 
 
+# Events one call keeps for its log line and span (OpenTelemetry's default span limit).
+MAX_CALL_EVENTS = 128
+
+
 @dataclass(slots=True)
 class CallEvent:
     """Something a stage noticed during a call; the log and trace stages render these."""
@@ -352,7 +363,9 @@ class CallEvent:
 class Reject(Exception):
     """Raised by a stage to answer the call itself with this status."""
 
-    def __init__(self, code: StatusCode, message: str) -> None:
+    # ``code``: ours or grpc's StatusCode (a stage written against grpc's codes); Any, so
+    # that a compiled build takes either.
+    def __init__(self, code: Any, message: str) -> None:
         super().__init__(message)
         self.code = StatusCode.of(code)
         self.message = message
@@ -376,6 +389,7 @@ class Call:
         "connection",
         "details",
         "events",
+        "events_dropped",
         "initial_metadata",
         "invocation_metadata",
         "method",
@@ -428,13 +442,19 @@ class Call:
         self.trailing_metadata: Metadata = ()
         self.rejected = False
         self.events: list[CallEvent] = []
+        self.events_dropped = 0  # events past MAX_CALL_EVENTS, not kept
         self.stage_state: dict[str, Any] = {}
         self.started_stages = 0  # how many stages' on_start ran (their on_finish will run)
         self.start_monotonic = time.monotonic()
         self.start_time_ns = time.time_ns()
 
     def add_event(self, name: str, **attributes: str | int | float | bool) -> None:
-        self.events.append(CallEvent(name, attributes))
+        # Bounded: a stream open for days whose every message breaks a rule must not hold
+        # an event per message. What is dropped is still logged and counted where it arose.
+        if len(self.events) < MAX_CALL_EVENTS:
+            self.events.append(CallEvent(name, attributes))
+        else:
+            self.events_dropped += 1
 
     def metadata_value(self, key: str) -> MetadataValue | None:
         for k, v in self.invocation_metadata:
@@ -457,6 +477,8 @@ MessageHook = Callable[[Call, LazyMessage], None]
 FinishHook = Callable[[Call], None]
 
 
+# Stages of others subclass it; a compiled build lets interpreted subclasses in.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Stage:
     """Base of every pipeline stage. Subclasses define only the hooks they need.
 

@@ -15,16 +15,17 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from plugproxy import __version__
+from plugproxy import __version__, build
 from plugproxy.endpoints import ConfigError
 from plugproxy.options import DefaultsHelpFormatter, OneLineParser
 
 DESCRIPTION = (
     "A spec-aware gRPC sidecar for Kubernetes plugins: CSI (volumes), COSI (buckets) and CMI"
-    " (machines), Kubernetes' own plugin APIs (KMS v2, device plugins, DRA, plugin"
-    " registration), or any gRPC API from its descriptors. It sits on the plugin's socket,"
-    " passes every call through untouched, judges both sides against the spec, keeps secrets"
-    " out of its logs, serializes calls per volume, and exports metrics and traces."
+    " (machines), Kubernetes' own plugin APIs (KMS v2, device plugins, DRA and its device"
+    " health, plugin registration), or any gRPC API from its descriptors. It sits on the"
+    " plugin's socket, passes every call through untouched, judges both sides against the"
+    " spec, keeps secrets out of its logs, serializes calls per volume, and exports metrics"
+    " and traces."
 )
 
 # subcommand -> (module with add_arguments(parser) and async run(ns), one-line help)
@@ -66,7 +67,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     module imported) — the others are listed by name and help alone."""
     chosen = _chosen(argv) if argv is not None else None
     parser = OneLineParser(prog="plugproxy", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"plugproxy {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"plugproxy {__version__} ({build()})"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         # The one-line help is the description too, unless the module gives a longer one;

@@ -8,7 +8,7 @@ A field is sensitive when
   (:meth:`plugproxy.api.SpecInfo.is_secret_field`);
 - it is one of the fields a spec names as secret without an option: the ``*_secrets`` maps of
   CSI v0.3 (CSI v0.3 §Secrets Requirements) and the credentials a COSI plugin hands out
-  (COSI v1alpha1 §DriverGrantBucketAccess);
+  (COSI v1alpha1 and v1alpha2 §DriverGrantBucketAccess, where v1alpha2 tags none);
 - it is one of the fields whose value opens everything else though no spec says "secret":
   the plaintext of KMS v2 Encrypt and Decrypt (a data encryption key);
 - it is one the spec calls possibly sensitive (CSI §NodePublishVolume ``mount_flags``) or that
@@ -76,6 +76,20 @@ SPEC_SECRET_PATHS: dict[str, tuple[str, ...]] = {
     "cosi.v1alpha1": (
         "cosi.v1alpha1.DriverGrantBucketAccessResponse.credentials",
         "cosi.v1alpha1.CredentialDetails.secrets",
+    ),
+    # COSI v1alpha2 tags no field cosi_secret. Masked: every credential of a grant, per
+    # protocol (keys, secrets, SAS tokens, the GCS key and account names; the expiry stays
+    # shown), and each bucket's info in a grant, which §DriverGrantBucketAccess says COSI
+    # treats as secret.
+    "cosi.v1alpha2": (
+        "sigs.k8s.io.cosi.v1alpha2.S3CredentialInfo.access_key_id",
+        "sigs.k8s.io.cosi.v1alpha2.S3CredentialInfo.access_secret_key",
+        "sigs.k8s.io.cosi.v1alpha2.AzureCredentialInfo.access_token",
+        "sigs.k8s.io.cosi.v1alpha2.GcsCredentialInfo.access_id",
+        "sigs.k8s.io.cosi.v1alpha2.GcsCredentialInfo.access_secret",
+        "sigs.k8s.io.cosi.v1alpha2.GcsCredentialInfo.private_key_name",
+        "sigs.k8s.io.cosi.v1alpha2.GcsCredentialInfo.service_account",
+        "sigs.k8s.io.cosi.v1alpha2.DriverGrantBucketAccessResponse.BucketInfo.bucket_info",
     ),
     # KMS v2: the plaintext kube-apiserver has encrypted and gets back is the seed of its
     # data encryption key; whoever holds it reads every Secret it protects.
@@ -615,13 +629,13 @@ def _scalar(fd: FieldDescriptor, value: Any, budget: _Budget) -> Any:
         cost = len(value) + 2
         if cost > budget.left:
             keep = max(int(budget.left) - 2, 0)
-            budget.left = -1
+            budget.left = -1.0
             raise _Full(value[:keep] + "…")
         budget.spend(cost)
         return value
     if t == FieldDescriptor.TYPE_BYTES:
         if len(value) * 4 // 3 + 4 > budget.left:
-            budget.left = -1
+            budget.left = -1.0
             raise _Full("…")
         text = base64.b64encode(value).decode("ascii")
         budget.spend(len(text) + 2)

@@ -129,6 +129,13 @@ def test_the_image_runs_as_65532_and_stays_small(podman: str, image: str) -> Non
     assert info["Size"] < SIZE_BOUND, f"{info['Size'] / 1e6:.1f} MB"
 
 
+def test_the_image_runs_the_compiled_build(podman: str, image: str) -> None:
+    # Its build stage has gcc and Python's headers: the hot path is compiled (setup.py).
+    version = run(podman, "run", "--rm", image, "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip().endswith("(compiled)"), version.stdout
+
+
 def test_the_image_has_no_shell(podman: str, image: str) -> None:
     shell = run(podman, "run", "--rm", "--entrypoint", "/bin/sh", image, "-c", "true")
     assert shell.returncode != 0

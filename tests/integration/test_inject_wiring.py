@@ -34,12 +34,15 @@ from typing import Any
 import pytest
 import yaml
 
+import plugproxy
 from plugproxy import inject, preparedir
 from plugproxy.fakes import SpecClient
 from plugproxy.sockets import socket_answers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "inject"
+# Where the plugproxy under test lives (src/, or site-packages for an installed build).
+PACKAGE_ROOT = pathlib.Path(plugproxy.__file__).resolve().parents[1]
 ARG_VAR = re.compile(r"\$\((\w+)\)")
 # fixture: (driver container, CO-side container)
 CASES = {
@@ -85,10 +88,10 @@ def python_for(uid: int) -> tuple[str, str] | None:
     """(interpreter, PYTHONPATH) with which `uid` can import plugproxy, or None: this Python
     may live where only its owner can reach it, so another of the same version is tried."""
     if uid == os.geteuid():
-        return sys.executable, str(ROOT / "src")
+        return sys.executable, str(PACKAGE_ROOT)
     if os.geteuid() != 0:
         return None
-    path = os.pathsep.join([str(ROOT / "src"), sysconfig.get_paths()["purelib"]])
+    path = os.pathsep.join([str(PACKAGE_ROOT), sysconfig.get_paths()["purelib"]])
     version = "python{}.{}".format(*sys.version_info[:2])
     places = [*os.get_exec_path(), "/usr/local/bin", "/usr/bin"]
     found = (shutil.which(version, path=place) for place in places)

@@ -25,7 +25,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +62,11 @@ class FrameRelay:
         max_concurrent_calls: int,
         plugin_wait: float = 0.0,
         limits: Limits = DEFAULT_LIMITS,
+        dial: Callable[[Pairing], Awaitable[PluginSide]] | None = None,
     ) -> None:
         self.registry = registry
+        # What opens a pairing's plugin side; the in-process benchmark gives its own.
+        self.dial = dial
         self.upstream = upstream
         self.logger = logger
         self.max_message_bytes = max_message_bytes
@@ -116,6 +119,8 @@ class FrameRelay:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def connect_upstream(self, pairing: Pairing) -> PluginSide:
+        if self.dial is not None:
+            return await self.dial(pairing)
         loop = asyncio.get_running_loop()
         endpoint = self.upstream.endpoint
         if endpoint.is_unix:

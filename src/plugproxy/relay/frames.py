@@ -11,14 +11,28 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable
+from typing import Final
 
 from plugproxy.relay.limits import Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
-WINDOW_UPDATE, CONTINUATION = 8, 9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+# Frame types and flags (RFC 9113 §6); Final, so a compiled build folds them into the code.
+DATA: Final = 0
+HEADERS: Final = 1
+PRIORITY: Final = 2
+RST_STREAM: Final = 3
+SETTINGS: Final = 4
+PUSH_PROMISE: Final = 5
+PING: Final = 6
+GOAWAY: Final = 7
+WINDOW_UPDATE: Final = 8
+CONTINUATION: Final = 9
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 FRAME_NAMES = (
     "DATA",
@@ -39,14 +53,28 @@ def frame_name(ftype: int) -> str:
 
 
 # Error codes (RFC 9113 §7).
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-SETTINGS_TIMEOUT, STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM = 0x4, 0x5, 0x6, 0x7
-CANCEL, COMPRESSION_ERROR, CONNECT_ERROR, ENHANCE_YOUR_CALM = 0x8, 0x9, 0xA, 0xB
-INADEQUATE_SECURITY, HTTP_1_1_REQUIRED = 0xC, 0xD
+NO_ERROR: Final = 0x0
+PROTOCOL_ERROR: Final = 0x1
+INTERNAL_ERROR: Final = 0x2
+FLOW_CONTROL_ERROR: Final = 0x3
+SETTINGS_TIMEOUT: Final = 0x4
+STREAM_CLOSED: Final = 0x5
+FRAME_SIZE_ERROR: Final = 0x6
+REFUSED_STREAM: Final = 0x7
+CANCEL: Final = 0x8
+COMPRESSION_ERROR: Final = 0x9
+CONNECT_ERROR: Final = 0xA
+ENHANCE_YOUR_CALM: Final = 0xB
+INADEQUATE_SECURITY: Final = 0xC
+HTTP_1_1_REQUIRED: Final = 0xD
 
 # Settings (RFC 9113 §6.5.2).
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
-INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
+HEADER_TABLE_SIZE: Final = 0x1
+ENABLE_PUSH: Final = 0x2
+MAX_CONCURRENT_STREAMS: Final = 0x3
+INITIAL_WINDOW_SIZE: Final = 0x4
+MAX_FRAME_SIZE: Final = 0x5
+MAX_HEADER_LIST_SIZE: Final = 0x6
 
 
 class ConnectionFault(Exception):

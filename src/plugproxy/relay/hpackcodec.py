@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 import hpack
 from hpack.hpack import decode_integer as hpack_decode_integer
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
+from mypy_extensions import mypyc_attr
 
-Header = tuple[bytes, bytes]
+# (name, value). Of any length to the type checker, so that a compiled build keeps each
+# field the tuple it is (a NeverIndexed stays one) instead of unpacking it to two values.
+Header = tuple[bytes, ...]
 
 _STATIC = HeaderTable.STATIC_TABLE
 # One-byte indexed fields (0x80 | index): the last that names a static entry, and the
@@ -40,6 +43,8 @@ _NAME_CACHE_LIMIT = 512  # header names are few; a CO inventing names must not g
 _name_prefix: dict[bytes, bytes] = {}
 
 
+# A compiled build keeps this an ordinary class: native classes cannot subclass tuple.
+@mypyc_attr(native_class=False)
 class NeverIndexed(tuple[bytes, bytes]):
     """A field its sender encoded as never indexed (RFC 7541 §6.2.3), so that any hop after
     us keeps it out of compression contexts too. Unequal to the plain (name, value) pair:
@@ -172,12 +177,16 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
     if few and block and min(block) > 0x80 and 0xFF not in block:
         dynamic = table.dynamic_entries
         try:
-            return [
+            # list[Any]: the table's own tuples go into the list as they are (a compiled
+            # build would otherwise unpack each field and pack it into a new tuple).
+            fields: list[Any] = [
                 _STATIC[byte - 0x81] if byte <= _LAST_STATIC else dynamic[byte - _FIRST_DYNAMIC]
                 for byte in block
             ]
         except IndexError:
             pass  # past the dynamic table: the walk below raises InvalidTableIndex
+        else:
+            return fields
     entry = table.get_by_index
     budget = decoder.max_header_list_size
     out: list[Header] = []

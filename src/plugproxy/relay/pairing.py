@@ -515,7 +515,7 @@ class Pairing(asyncio.Protocol):
         """As gRPC servers do: 415 for a request that is not gRPC; it never reaches the plugin."""
         method = next((v for n, v in headers if n == b":method"), b"")
         body = b"plugproxy: this is a gRPC endpoint; send application/grpc POST requests\n"
-        response = [
+        response: list[Header] = [
             (b":status", b"415"),
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),

@@ -210,8 +210,17 @@ class CallLogStage(Stage):
 class PayloadCallLogStage(CallLogStage):
     """The call log with ``--log-payloads``: keeps the first message of each stream."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        logger: Logger,
+        redactor: redact.Redactor,
+        *,
+        errors_only: bool = False,
+        payload_max_bytes: int = PAYLOAD_MAX_BYTES,
+    ) -> None:
+        super().__init__(
+            logger, redactor, errors_only=errors_only, payload_max_bytes=payload_max_bytes
+        )
         self.log_payloads = True
 
     def on_request(self, call: Call, message: LazyMessage) -> None:

@@ -300,7 +300,7 @@ def root_decision(sampler: Sampler) -> Callable[[int], bool] | None:
     """Whether ``sampler`` records a new trace (no parent), as a function of its trace id;
     None for a sampler whose decision may depend on more (then it is asked)."""
     # ParentBased hands a call without a parent to its root sampler, which it keeps here.
-    root = getattr(sampler, "_root", None) if isinstance(sampler, ParentBased) else sampler
+    root: Any = getattr(sampler, "_root", None) if isinstance(sampler, ParentBased) else sampler
     if root is ALWAYS_ON:
         return lambda trace_id: True
     if root is ALWAYS_OFF:

@@ -34,7 +34,8 @@ import socket
 import threading
 import time
 import unicodedata
-from collections.abc import Awaitable, Container, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,7 +75,7 @@ from plugproxy.rules.engine import (
     compile_table,
 )
 from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest, remember
-from plugproxy.rules.state import CAPABILITY_TTL, SpecState
+from plugproxy.rules.state import CAPABILITY_TTL, MAX_OBJECTS, SpecState
 from plugproxy.sampling import Sample
 from plugproxy.violationlog import (
     DEFAULT_MAX_BYTES,
@@ -107,6 +108,16 @@ OPTIONS: list[Option] = [
         default=1.0,
         type=duration,
         metavar="DURATION",
+    ),
+    Option(
+        "--max-remembered-objects",
+        "the stateful rules remember at most this many objects (volumes, snapshots, nodes,"
+        " paths, requests) in each of their memories, per spec, forgetting the one set"
+        " longest ago first; a forgotten object may cost a missed violation, never a false"
+        " one. About 2.5 KB per volume a controller publishes (docs/performance.md)",
+        default=MAX_OBJECTS,
+        type=int,
+        metavar="N",
     ),
     Option(
         "--violations-file",
@@ -482,7 +493,7 @@ class _Plan:
     # Hashes of the wire bytes of sampled list entries the response checker found clean.
     # Its checks read nothing but the entry, so the same bytes listed again are not judged
     # again: a CO polling an unchanged listing pays only for what changed.
-    clean_entries: dict[int, None]
+    clean_entries: OrderedDict[int, None]
 
 
 def _named(plan: _Plan, capabilities: Iterable[str]) -> str:
@@ -583,8 +594,12 @@ class ValidateStage(Stage):
         rule_modes: dict[str, str],
         query_timeout: float = 1.0,
         file: ViolationFile | None = None,
+        max_objects: int = MAX_OBJECTS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runtime = runtime
+        self.max_objects = max_objects  # the bound of each memory of a spec's rules
+        self.clock = clock  # what the rules' memories age by (tests give their own)
         self.logger = runtime.logger
         self.upstream = runtime.upstream
         self.query_timeout = query_timeout
@@ -638,7 +653,7 @@ class ValidateStage(Stage):
         if table is None:
             return
         compiled = compile_table(table, spec)
-        state = SpecState()
+        state = SpecState(self.max_objects, clock=self.clock)
         for method in self.runtime.registry.methods(spec.name):
             self._plans[method.path] = self._plan(compiled, state, method)
 
@@ -719,7 +734,7 @@ class ValidateStage(Stage):
             if t.pending_rpcs is None or rpc in t.pending_rpcs
             else None,
             backoff_codes=frozenset(backoff),
-            clean_entries={},
+            clean_entries=OrderedDict(),
         )
 
     def wants(self, method: MethodInfo) -> bool:
@@ -1469,7 +1484,11 @@ def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
     timeout = float(getattr(ns, "capability_query_timeout", 1.0))
     if timeout <= 0:
         raise ConfigError("--capability-query-timeout must be positive")
-    return ValidateStage(runtime, mode, rule_modes, timeout, violation_file(ns, runtime))
+    max_objects = int(getattr(ns, "max_remembered_objects", MAX_OBJECTS))
+    if max_objects < 1:
+        raise ConfigError(f"{value_source(ns, '--max-remembered-objects')} must be at least 1")
+    file = violation_file(ns, runtime)
+    return ValidateStage(runtime, mode, rule_modes, timeout, file, max_objects)
 
 
 def violation_file(ns: argparse.Namespace, runtime: Any) -> ViolationFile | None:
