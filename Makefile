@@ -31,11 +31,12 @@ $(VENV)/.installed: $(SOURCES) | $(BIN)/python
 	@$(BIN)/plugproxy --version
 	touch $@
 
-$(VENV)/.dev-installed: $(SOURCES) | $(BIN)/python
-	@echo "installing plugproxy, compiling its hot path, and the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
-	$(call pip_install,'.[dev]')
-	@$(BIN)/plugproxy --version
-	touch $@ $(VENV)/.installed
+# The dev tools on top of the same install (plugproxy is compiled once, by .installed).
+$(VENV)/.dev-installed: $(VENV)/.installed
+	@echo "installing the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev'], sep='\n')" > $(VENV)/dev-requirements.txt
+	$(BIN)/pip install --quiet -r $(VENV)/dev-requirements.txt
+	touch $@
 
 ## install: create the venv and install plugproxy into it (the Dockerfile runs this too)
 install: $(VENV)/.installed

@@ -268,7 +268,7 @@ def test_rsscost_holders_names_the_rules_memory() -> None:
 def test_mapcost_compares_the_rules_memories_with_cachetools(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    pytest.importorskip("cachetools")
+    require(importlib.util.find_spec("cachetools") is not None, "cachetools is not installed")
     mapcost = _load("mapcost")
     assert mapcost.main(["--size", "50", "--ops", "100", "--repeat", "1"]) == 0
     out = capsys.readouterr().out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from plugproxy.api import StatusCode
 from plugproxy.rules import TABLES
 from plugproxy.rules.kms_v2 import annotation_problems
 from tests.test_rules_cosi_cmi import Harness
@@ -171,7 +172,7 @@ async def test_malformed_messages_are_judged_for_every_party():
     lazy = LazyMessage(b"\x0a\xff", method.response_class)
     call.response = lazy
     h.stage.on_response(call, lazy)
-    call.code = grpc.StatusCode.OK
+    call.code = StatusCode.OK
     h.stage.on_finish(call)
     found = {(str(e.attributes["rule"]), str(e.attributes["party"])) for e in call.events}
     assert found == {("dra.malformed-message", CO), ("dra.malformed-message", PLUGIN)}

@@ -216,7 +216,12 @@ def decode(decoder: hpack.Decoder, block: bytes) -> list[Header]:
         if budget < 0:
             raise TooLarge(f"header list over {decoder.max_header_list_size} bytes")
         # 0001 starts a never-indexed literal (§6.2.3): the marking goes on with the field.
-        out.append((name, value) if first & 0xF0 != 0x10 else NeverIndexed(name, value))
+        # Two appends, not one conditional: its type would be a plain pair, and a compiled
+        # build would make the NeverIndexed into one.
+        if first & 0xF0 == 0x10:
+            out.append(NeverIndexed(name, value))
+        else:
+            out.append((name, value))
     if decoder.header_table_size > decoder.max_allowed_table_size:
         raise hpack.InvalidTableSizeError("Encoder did not shrink table size to within the max")
     return out

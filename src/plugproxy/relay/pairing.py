@@ -808,7 +808,10 @@ class Pairing(asyncio.Protocol):
             for key, val in call.upstream_metadata:
                 name = key.encode("latin-1")
                 raw = grpcwire.metadata_bytes(key, val)
-                out.append(NeverIndexed(name, raw) if name in never_indexed else (name, raw))
+                if name in never_indexed:  # two appends: see hpackcodec.decode
+                    out.append(NeverIndexed(name, raw))
+                else:
+                    out.append((name, raw))
         return out
 
     def _cancel_upstream(self, stream: Stream, code: int = frames.CANCEL) -> None:
