@@ -34,8 +34,8 @@ $(VENV)/.installed: $(SOURCES) | $(BIN)/python
 # The dev tools on top of the same install (plugproxy is compiled once, by .installed).
 $(VENV)/.dev-installed: $(VENV)/.installed
 	@echo "installing the dev tools (pytest, ruff, mypy, grpcio-tools, ...) into $(VENV) (a few minutes the first time) ..."
-	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev'], sep='\n')" > $(VENV)/dev-requirements.txt
-	$(BIN)/pip install --quiet -r $(VENV)/dev-requirements.txt
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev'], sep='\n')" > $(VENV)/dev-requirements.txt \
+	  && $(BIN)/pip install --quiet -r $(VENV)/dev-requirements.txt
 	touch $@
 
 ## install: create the venv and install plugproxy into it (the Dockerfile runs this too)
