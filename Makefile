@@ -52,12 +52,17 @@ INTERPRETED_TESTS = tests/test_build.py tests/test_relay*.py tests/test_pipeline
 	tests/test_api.py tests/integration/test_relay_limits.py tests/integration/test_faults.py \
 	tests/integration/test_validation_legitimate.py
 
+# Test processes (pytest-xdist). Most tests wait on sockets and child processes, so two
+# share even one core well; a test module's tests stay in one process (--dist loadfile).
+TEST_WORKERS ?= 2
+
 ## test: install (compiled) with dev tools, check generated files, lint, type-check, run the
 ## suite; then the relay's suites and a fast subset again on the interpreted sources
 test: $(VENV)/.dev-installed check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 	@echo "the relay's suites and a fast subset again, interpreted (PYTHONPATH=src) ..."
-	PYTHONPATH=src PLUGPROXY_EXPECT_BUILD=interpreted $(BIN)/pytest -q -p no:cacheprovider $(INTERPRETED_TESTS)
+	PYTHONPATH=src PLUGPROXY_EXPECT_BUILD=interpreted $(BIN)/pytest -q -p no:cacheprovider \
+	  -n $(TEST_WORKERS) --dist loadfile $(INTERPRETED_TESTS)
 
 check: $(VENV)/.dev-installed
 	$(BIN)/python tools/gen_descriptors.py --check

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import importlib.resources
 import os
@@ -253,14 +254,19 @@ def built_image() -> str:
     require_tool("podman", "Debian: apt-get install podman runc")
     require_tool("debootstrap", "Debian: apt-get install debootstrap")
     require(os.geteuid() == 0, "building the image's bases with debootstrap needs root")
-    built = subprocess.run(
-        ["make", "--no-print-directory", "image", "ENGINE=podman"],
-        cwd=pathlib.Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
+    # One build at a time on the machine: test processes (make test's workers) would
+    # otherwise debootstrap the same bases and tag the same image at once.
+    lock_path = pathlib.Path(tempfile.gettempdir()) / "plugproxy-make-image.lock"
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = subprocess.run(
+            ["make", "--no-print-directory", "image", "ENGINE=podman"],
+            cwd=pathlib.Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=840,
+            check=False,
+        )
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
     from plugproxy.inject import DEFAULT_IMAGE
 

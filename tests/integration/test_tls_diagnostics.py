@@ -5,6 +5,7 @@ Both proxies run as real `plugproxy serve` processes; certificates are made in t
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import signal
@@ -154,12 +155,14 @@ async def call_through(sock: str) -> grpc.aio.AioRpcError | None:
     return None
 
 
-def until(predicate, timeout: float = 40.0) -> None:  # type: ignore[no-untyped-def]
+async def until(predicate, timeout: float = 40.0) -> None:  # type: ignore[no-untyped-def]
     # Generous: the node probes every 5 s, and on a loaded machine two processes start slowly.
+    # Waits on the event loop: the fake plugin runs there, and the appliance listens only
+    # once it has answered the appliance's probe.
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
+        await asyncio.sleep(0.2)
 
 
 async def run_case(tmp: Path, app: Proxy, nd: Proxy) -> tuple[str, str]:
@@ -172,7 +175,7 @@ async def run_case(tmp: Path, app: Proxy, nd: Proxy) -> tuple[str, str]:
             return "TLS handshake failed" in seen[-1]
 
         try:
-            until(failed)
+            await until(failed)
         except AssertionError:
             raise AssertionError(f"the node's /readyz kept saying {seen[-1]!r}") from None
         err = await call_through(str(tmp / "csi.sock"))
@@ -238,7 +241,7 @@ async def test_client_without_certificate_and_identity_not_allowed(tmp_path, pki
         tmp_path, plugin, port, pki.ca_file, pki.server, "--tls-allow-identity", "cn:ops-console"
     )
     try:
-        until(lambda: "ready" in app.readyz())
+        await until(lambda: "ready" in app.readyz())
         anonymous = grpc.ssl_channel_credentials(Path(pki.ca_file).read_bytes())
         async with grpc.aio.secure_channel(f"localhost:{port}", anonymous) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as no_cert:
@@ -252,7 +255,7 @@ async def test_client_without_certificate_and_identity_not_allowed(tmp_path, pki
         async with grpc.aio.secure_channel(f"localhost:{port}", named) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as not_allowed:
                 await ch.unary_unary(INFO)(b"", timeout=5)
-        until(lambda: bool(app.events("tls handshake failed")))
+        await until(lambda: bool(app.events("tls handshake failed")))
     finally:
         app.stop()
     assert no_cert.value.code() is grpc.StatusCode.UNAVAILABLE
