@@ -33,8 +33,8 @@ from typing import Any
 
 import grpc
 
-from plugproxy.registry import Registry
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
+from plugproxy.spec.registry import Registry
 
 ADMIN = re.compile(r'"admin":"127\.0\.0\.1:(\d+)"')
 PATH = "/v1beta1.DevicePlugin/ListAndWatch"

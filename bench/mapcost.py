@@ -32,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from plugproxy.rules.memory import ExpiringMap, remember  # noqa: E402
+from plugproxy.core.memory import ExpiringMap, remember  # noqa: E402
 
 TTL = 3600.0
 IMPLS = ("ours", "cachetools")

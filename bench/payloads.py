@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 
 PLUGIN_INFO = "/csi.v1.Identity/GetPluginInfo"
 LIST_VOLUMES = "/csi.v1.Controller/ListVolumes"

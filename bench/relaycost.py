@@ -45,10 +45,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import payloads  # noqa: E402
 
-from plugproxy import serve  # noqa: E402
-from plugproxy.endpoints import parse_endpoint  # noqa: E402
-from plugproxy.log import Logger  # noqa: E402
-from plugproxy.registry import Registry  # noqa: E402
+from plugproxy.cli import serve  # noqa: E402
+from plugproxy.core.endpoints import parse_endpoint  # noqa: E402
+from plugproxy.core.log import Logger  # noqa: E402
 from plugproxy.relay.framerelay import FrameRelay  # noqa: E402
 from plugproxy.relay.frames import (  # noqa: E402
     DATA,
@@ -63,7 +62,8 @@ from plugproxy.relay.frames import (  # noqa: E402
     settings_frame,
 )
 from plugproxy.relay.pairing import Pairing, PluginSide  # noqa: E402
-from plugproxy.upstream import Upstream  # noqa: E402
+from plugproxy.relay.upstream import Upstream  # noqa: E402
+from plugproxy.spec.registry import Registry  # noqa: E402
 
 
 class Sink(asyncio.Transport):

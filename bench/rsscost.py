@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE))
 import payloads  # noqa: E402
 import run  # noqa: E402
 
-from plugproxy.registry import SPEC_NAMES, declared_paths  # noqa: E402
+from plugproxy.spec.registry import SPEC_NAMES, declared_paths  # noqa: E402
 
 # Run in a fresh interpreter: prints one JSON object of VmRSS marks (MiB) and timings.
 PROBE = textwrap.dedent(
@@ -74,8 +74,8 @@ PROBE = textwrap.dedent(
         marks.append((name, rss()))
 
     import asyncio, os, tempfile
-    from plugproxy import serve
-    from plugproxy.log import Logger
+    from plugproxy.cli import serve
+    from plugproxy.core.log import Logger
 
     tmp = tempfile.mkdtemp()
     ns = serve.parse_args([
@@ -114,7 +114,7 @@ LAYERS = (
     "hpack",
     "orjson",
     "uvloop",
-    "plugproxy.serve",
+    "plugproxy.cli.serve",
 )
 
 
@@ -318,8 +318,8 @@ HOLDER_FRAMES = 6  # frames of each allocation's traceback kept: enough to name 
 
 
 def report_holders(counts: list[int], serve_args: str, top: int, tools_kind: str = "auto") -> None:
-    from plugproxy import serve  # noqa: PLC0415
-    from plugproxy.log import Logger  # noqa: PLC0415
+    from plugproxy.cli import serve  # noqa: PLC0415
+    from plugproxy.core.log import Logger  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="plugproxy-rsscost-") as tmp:
         workdir = Path(tmp)

@@ -32,9 +32,9 @@ from google.protobuf import json_format
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from plugproxy import serve  # noqa: E402
 from plugproxy.api import Call, LazyMessage, StatusCode  # noqa: E402
-from plugproxy.log import Logger  # noqa: E402
+from plugproxy.cli import serve  # noqa: E402
+from plugproxy.core.log import Logger  # noqa: E402
 from plugproxy.rules.state import MAX_OBJECTS  # noqa: E402
 from plugproxy.stages.validate import ValidateStage  # noqa: E402
 

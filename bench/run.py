@@ -46,7 +46,7 @@ import payloads  # noqa: E402
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GOPATH_SYSTEM = "/usr/share/gocode"
 # As `plugproxy serve` runs (its event loop included: --event-loop, asyncio by default).
-SERVE = "import sys; from plugproxy import cli; sys.exit(cli.main(['serve', *sys.argv[1:]]))"
+SERVE = "import sys; from plugproxy.cli import main as cli; sys.exit(cli.main(['serve', *sys.argv[1:]]))"
 # The issue's budget for a proxy with its default configuration, just started.
 STARTUP_RSS_GOAL = 36 * 2**20
 
@@ -329,7 +329,7 @@ def compile_plugproxy() -> None:
 def serve_flags(mode: str, log_file: Path) -> list[str]:
     """Stage flags for 'passthrough' (all off) or 'full' (all on), from what serve offers."""
     code = (
-        "import json; from plugproxy import serve; print(json.dumps([[o.flag, "
+        "import json; from plugproxy.cli import serve; print(json.dumps([[o.flag, "
         "list(o.choices or []), o.is_switch] for o in serve.all_options()]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -43,7 +43,7 @@ from typing import Any
 import grpc
 
 from plugproxy.fakes import SpecClient
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
 
 ADMIN = re.compile(r'"admin":"127\.0\.0\.1:(\d+)"')
 

@@ -31,9 +31,10 @@ sys.path.insert(0, str(HERE))
 import payloads  # noqa: E402
 import run  # noqa: E402
 
-from plugproxy import pipeline, serve  # noqa: E402
+from plugproxy import pipeline  # noqa: E402
 from plugproxy.api import Call, LazyMessage  # noqa: E402
-from plugproxy.log import Logger  # noqa: E402
+from plugproxy.cli import serve  # noqa: E402
+from plugproxy.core.log import Logger  # noqa: E402
 from plugproxy.stages.tracing_env import environment  # noqa: E402
 
 # The stages run.py --features prices, minus serialization: GetPluginInfo has no key, so

@@ -19,7 +19,7 @@ BOTH_LOOPS = (
     "tests/test_relay_conformance.py",
     "tests/test_relay_framerelay.py",
     "tests/test_relay_limits.py",
-    "tests/test_upstream.py",
+    "tests/test_relay_upstream.py",
     "tests/integration/test_relay_limits.py",
 )
 

@@ -26,7 +26,7 @@ from google.api import field_behavior_pb2
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_tools import protoc
 
-from plugproxy import serve
+from plugproxy.cli import serve
 
 ECHO = "/test.Echo/"
 RELAYS = ("frames", "grpc")
@@ -268,7 +268,7 @@ def built_image() -> str:
             check=False,
         )
     assert built.returncode == 0, (built.stdout + built.stderr)[-3000:]
-    from plugproxy.inject import DEFAULT_IMAGE
+    from plugproxy.cli.inject import DEFAULT_IMAGE
 
     return DEFAULT_IMAGE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from plugproxy.api import MAX_CALL_EVENTS, Call, CallKind, LazyMessage, Reject, StatusCode
-from plugproxy.registry import Registry, load_spec
+from plugproxy.spec.registry import Registry, load_spec
 
 CSI = load_spec("csi.v1")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 from tests.support import require, require_tool
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"

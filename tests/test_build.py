@@ -52,7 +52,7 @@ def test_a_compiled_build_compiles_every_module_setup_names_and_no_other() -> No
     suffix = ".py" if plugproxy.build() == "interpreted" else ".so"
     assert all(origin.endswith(suffix) for origin in origins.values()), origins
     # A module left out of the list stays Python in either build.
-    spec = find_spec("plugproxy.serve")
+    spec = find_spec("plugproxy.cli.serve")
     assert spec is not None and spec.origin is not None and spec.origin.endswith(".py")
 
 

@@ -23,8 +23,10 @@ import pytest
 import trustme
 import yaml
 
-from plugproxy import cli, inject, options, preparedir, serve
-from plugproxy.endpoints import Scheme, parse_endpoint
+from plugproxy.cli import inject, preparedir, serve
+from plugproxy.cli import main as cli
+from plugproxy.core import options
+from plugproxy.core.endpoints import Scheme, parse_endpoint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -587,7 +589,7 @@ def test_webhook_manifest_validates_against_the_kubernetes_schema(path: pathlib.
 
 
 def test_webhook_deployment_args_certificate_and_service_line_up() -> None:
-    from plugproxy import cli
+    from plugproxy.cli import main as cli
 
     docs = webhook_docs("webhook.yaml")
     deployment, service = one(docs, "Deployment"), one(docs, "Service")
@@ -632,7 +634,7 @@ def test_webhook_deployment_args_certificate_and_service_line_up() -> None:
 
 @pytest.mark.parametrize("name", ["webhook-cert-manager.yaml", "webhook-static-cert.yaml"])
 def test_webhook_registration(name: str) -> None:
-    from plugproxy import inject
+    from plugproxy.cli import inject
 
     service = one(webhook_docs("webhook.yaml"), "Service")
     config = one(webhook_docs(name), "MutatingWebhookConfiguration")

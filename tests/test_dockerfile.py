@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from plugproxy.inject import DEFAULT_IMAGE
+from plugproxy.cli.inject import DEFAULT_IMAGE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -337,7 +337,13 @@ def test_dockerignore_admits_what_the_build_needs_and_nothing_else(stages: list[
     for copy in stages[0].all("COPY"):
         for source in shlex.split(copy)[:-1]:
             assert dockerignore_admits(patterns, source.rstrip("/")), source
-    for needed in ("Makefile", "pyproject.toml", "setup.py", "README.md", "src/plugproxy/cli.py"):
+    for needed in (
+        "Makefile",
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "src/plugproxy/cli/main.py",
+    ):
         assert dockerignore_admits(patterns, needed), needed
     for kept_out in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "deploy/x.yaml"):
         assert not dockerignore_admits(patterns, kept_out), kept_out
@@ -374,7 +380,7 @@ def test_the_build_context_builds_a_complete_package(tmp_path: pathlib.Path) -> 
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "plugproxy = plugproxy.cli:main" in zf.read(entry_points).decode()
+        assert "plugproxy = plugproxy.cli.main:main" in zf.read(entry_points).decode()
     assert "plugproxy/py.typed" in names
     shipped = {n.rsplit("/", 1)[-1] for n in names if n.startswith("plugproxy/descriptors/")}
     source = {p.name for p in (ROOT / "src/plugproxy/descriptors").glob("*.binpb")}

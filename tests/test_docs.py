@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from plugproxy import serve
+from plugproxy.cli import serve
 from plugproxy.rules import all_rules, annotated
 
 ROOT = Path(__file__).resolve().parent.parent

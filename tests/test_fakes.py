@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes import (
     FAKE_SPECS,
     MISBEHAVIOURS,
@@ -36,7 +36,7 @@ from plugproxy.fakes.knobs import parse_status_code, served_specs
 from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
 from plugproxy.fakes.server import FakeRpcHandler
 from plugproxy.fakes.testing import STATUS_DETAILS_KEY, expect_status, running_fake
-from plugproxy.registry import Registry
+from plugproxy.spec.registry import Registry
 
 Code = grpc.StatusCode
 MOUNT = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes import FakeKnobs, SpecClient, knobs_from_flags, start_fake_plugin
 from plugproxy.fakes.deviceplugin import VISIBLE_ENV
 

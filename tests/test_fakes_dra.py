@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes import FakeKnobs, SpecClient, knobs_from_flags, start_fake_plugin
 from plugproxy.fakes import cli as fake_cli
 from plugproxy.fakes.dra import POOL, FakeDraV1

@@ -121,7 +121,7 @@ def test_runnable_from_the_command_line_by_alias(tmp_path):
 def test_cryptography_is_imported_only_when_the_fake_kms_plugin_starts():
     code = (
         "import sys\n"
-        "import plugproxy.cli, plugproxy.fakes, plugproxy.serve\n"
+        "import plugproxy.cli.main, plugproxy.fakes, plugproxy.cli.serve\n"
         "assert 'cryptography' not in sys.modules\n"
         "from plugproxy.fakes.kms import FakeKmsV2\n"
         "FakeKmsV2()\n"

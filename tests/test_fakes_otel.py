@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes import cli as fake_cli
 from plugproxy.fakes import otel
 from plugproxy.fakes.server import FAKE_SPECS, FakeRpcHandler, start_fake_plugin

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from plugproxy import serve
+from plugproxy.cli import serve
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "gen_docs.py"

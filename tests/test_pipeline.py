@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage, StatusCode
-from plugproxy.log import Logger
+from plugproxy.core.log import Logger
 from plugproxy.pipeline import compile_chain
-from plugproxy.registry import Registry, load_spec
+from plugproxy.spec.registry import Registry, load_spec
 from tests.support import channel, start_proxy, start_recorder
 
 INFO = "/csi.v1.Identity/GetPluginInfo"

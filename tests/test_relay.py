@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 from tests.support import (
     ECHO,
     channel,

@@ -18,13 +18,13 @@ import h2.events
 import pytest
 
 from plugproxy.api import Call, CallKind, LazyMessage, MethodInfo, Reject, Stage
-from plugproxy.endpoints import parse_endpoint
-from plugproxy.log import Logger
-from plugproxy.registry import load_spec
+from plugproxy.core.endpoints import parse_endpoint
+from plugproxy.core.log import Logger
 from plugproxy.relay.framerelay import FrameRelay
 from plugproxy.relay.frames import DATA, frame
 from plugproxy.relay.grpcwire import format_timeout, parse_timeout
-from plugproxy.upstream import Upstream
+from plugproxy.relay.upstream import Upstream
+from plugproxy.spec.registry import load_spec
 from tests.support import ECHO, channel, start_proxy, start_recorder
 
 INFO = "/csi.v1.Identity/GetPluginInfo"

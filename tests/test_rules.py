@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from plugproxy.registry import load_spec
 from plugproxy.rules import TABLES, all_rules, find_rule
 from plugproxy.rules.engine import (
     CompiledSpec,
@@ -17,6 +16,7 @@ from plugproxy.rules.engine import (
     plugin_name_problem,
 )
 from plugproxy.rules.state import SpecState
+from plugproxy.spec.registry import load_spec
 
 COMPILED: dict[str, CompiledSpec] = {
     name: compile_table(table, load_spec(name)) for name, table in TABLES.items()

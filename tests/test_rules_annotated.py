@@ -9,11 +9,11 @@ import sys
 from google.protobuf.internal import api_implementation
 
 from plugproxy.api import Call, LazyMessage, Runtime
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import SAMPLE_MIN_BYTES
 from plugproxy.rules import annotated
 from plugproxy.rules.engine import CO, compile_table
-from plugproxy.sampling import SAMPLE_MIN_BYTES
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 from tests.support import VAULT, build_descriptor_set, vault_descriptor_set
 
@@ -38,7 +38,7 @@ def test_the_annotation_resolves_with_upb_when_no_generated_module_knows_it():
     # In a fresh process nothing imported google/api/field_behavior_pb2: the option bytes are
     # all the descriptors carry, and the set's own pool must be what resolves them.
     code = (
-        "import sys; from plugproxy.registry import Registry; from plugproxy.rules import"
+        "import sys; from plugproxy.spec.registry import Registry; from plugproxy.rules import"
         " annotated; spec = Registry([], [sys.argv[1]]).specs[sys.argv[2]];"
         " assert 'google.api.field_behavior_pb2' not in sys.modules;"
         " from google.protobuf.internal import api_implementation as a;"

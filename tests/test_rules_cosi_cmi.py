@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
+from plugproxy.core.log import Logger
 from plugproxy.rules.state import LIFECYCLE_TTL
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 

@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
+from plugproxy.core.log import Logger
 from plugproxy.rules import TABLES
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 
 SPEC = "cosi.v1alpha2"

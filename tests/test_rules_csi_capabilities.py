@@ -15,14 +15,14 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import picked_indices
 from plugproxy.fakes import FakeKnobs
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
 from plugproxy.rules import TABLES, csi_capabilities
 from plugproxy.rules.csi_capabilities import CapabilityMemory
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD
 from plugproxy.rules.state import SpecState
-from plugproxy.sampling import picked_indices
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import mount_cap, stage_of, through_proxy
 

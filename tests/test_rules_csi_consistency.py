@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import SAMPLE_MIN_BYTES
 from plugproxy.fakes import SpecClient, start_fake_plugin
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
 from plugproxy.rules import TABLES
 from plugproxy.rules.csi_consistency import HANDOVER, SNAPSHOT_RECENT, ConsistencyState
-from plugproxy.sampling import SAMPLE_MIN_BYTES
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 from tests.support import channel, start_proxy, start_recorder
@@ -304,7 +304,7 @@ def test_any_other_map_is_a_change_and_the_same_map_in_any_order_is_not():
 
 
 def long_listing(contexts: dict[int, dict[str, str]], n: int = 1000) -> dict[str, Any]:
-    """A ListVolumes answer long enough to be judged on a sample (plugproxy.sampling)."""
+    """A ListVolumes answer long enough to be judged on a sample (plugproxy.core.sampling)."""
     pad = {"pool": "gold", "zone": "zone-a", "note": "p" * 60}
     return {
         "entries": [

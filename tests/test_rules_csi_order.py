@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import tests.test_rules_csi_consistency as consistency
+from plugproxy.core.memory import HANDOVER
 from plugproxy.rules import TABLES
 from plugproxy.rules.csi_order import OrderChecks, OrderState
-from plugproxy.rules.memory import HANDOVER
 from tests.test_rules_csi_consistency import NODE, OTHER, RWO, RWX, V1_CAPS, Proxy
 
 MINE: dict[str, str] = {

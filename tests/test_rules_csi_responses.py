@@ -13,11 +13,11 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, Runtime, StatusCode
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import SAMPLE_MIN_BYTES, picked_indices
 from plugproxy.fakes import FailureRule, FakeKnobs
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
 from plugproxy.rules.csi_responses import STREAM_KEY
-from plugproxy.sampling import SAMPLE_MIN_BYTES, picked_indices
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 
@@ -431,7 +431,7 @@ async def test_a_sampled_message_raises_no_false_order_alarm():
 
 
 async def test_a_sampled_message_is_judged_on_every_tuple():
-    """A message the proxy keeps only a sample of (plugproxy.sampling) is decoded whole for
+    """A message the proxy keeps only a sample of (plugproxy.core.sampling) is decoded whole for
     its tuples: a breach anywhere is found and named by its wire index."""
     h = Harness()
     n = 20_000

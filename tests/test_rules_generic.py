@@ -17,11 +17,11 @@ import grpc
 import pytest
 
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
+from plugproxy.core.log import Logger
+from plugproxy.core.memory import HANDOVER
 from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
-from plugproxy.rules.memory import HANDOVER
 from plugproxy.rules.state import SpecState
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import validate
 from plugproxy.stages.validate import GenericMemory, ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy

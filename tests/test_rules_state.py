@@ -15,10 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from plugproxy.api import Call, LazyMessage, Runtime, StatusCode
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
-from plugproxy.rules.memory import ExpiringMap
+from plugproxy.core.log import Logger
+from plugproxy.core.memory import ExpiringMap
 from plugproxy.rules.state import SpecState
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 
 REG = Registry()

@@ -10,12 +10,13 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy import redact, serve
 from plugproxy.api import Call, Reject, Runtime, Stage
-from plugproxy.endpoints import ConfigError
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
-from plugproxy.sampling import picked_indices
+from plugproxy.cli import serve
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import picked_indices
+from plugproxy.spec import redact
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import calllog
 from plugproxy.stages.calllog import CallLogStage, PayloadCallLogStage
 from tests.support import RecorderPlugin, channel

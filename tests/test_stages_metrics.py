@@ -14,10 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugproxy import __version__, admin, serve
+from plugproxy import __version__
+from plugproxy.admin import server as admin
 from plugproxy.api import Call, CallKind, MethodInfo, Runtime, StatusCode
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
+from plugproxy.cli import serve
+from plugproxy.core.log import Logger
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import metrics
 from plugproxy.stages.metrics import MetricsStage, go_code_name, register_process_metrics
 from tests.support import channel, start_proxy, wait_until

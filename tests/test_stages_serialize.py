@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from plugproxy import serve
 from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
-from plugproxy.log import Logger
-from plugproxy.registry import Registry
+from plugproxy.cli import serve
+from plugproxy.core.log import Logger
+from plugproxy.spec.registry import Registry
 from plugproxy.stages import serialize
 from plugproxy.stages.serialize import HELD, WAIT_SECONDS, SerializeStage
 

@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
-from plugproxy import redact
 from plugproxy.api import Call, LazyMessage, Reject, Stage
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes.collector import TraceCollector, start_collector
-from plugproxy.registry import Registry, load_spec
+from plugproxy.spec import redact
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import tracing
 from plugproxy.stages.tracing import TracingStage, build_from_env, sampler_from_env
 from tests.support import channel, start_proxy

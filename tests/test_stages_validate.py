@@ -16,17 +16,17 @@ from google.protobuf import any_pb2
 from google.rpc import status_pb2
 from prometheus_client import generate_latest
 
-from plugproxy import report
 from plugproxy.api import Call, LazyMessage, Runtime
-from plugproxy.cli import main
-from plugproxy.endpoints import ConfigError
+from plugproxy.cli import report
+from plugproxy.cli.main import main
+from plugproxy.cli.serve import parse_args
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.log import Logger
+from plugproxy.core.sampling import picked_indices
 from plugproxy.fakes import FailureRule, FakeKnobs, SpecClient, start_fake_plugin
-from plugproxy.log import Logger
-from plugproxy.registry import Registry, load_spec
 from plugproxy.rules.engine import RESPONSE_SAMPLE, _spread
 from plugproxy.rules.state import MAX_OBJECTS
-from plugproxy.sampling import picked_indices
-from plugproxy.serve import parse_args
+from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import validate
 from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import mount_cap, stage_of, through_proxy

@@ -33,9 +33,9 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from plugproxy import options as options_mod  # noqa: E402
-from plugproxy import serve  # noqa: E402
-from plugproxy.options import Option  # noqa: E402
+from plugproxy.cli import serve  # noqa: E402
+from plugproxy.core import options as options_mod  # noqa: E402
+from plugproxy.core.options import Option  # noqa: E402
 from plugproxy.relay.limits import DEFAULT_LIMITS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -1,5 +1,5 @@
 import sys
 
-from plugproxy.cli import main
+from plugproxy.cli.main import main
 
 sys.exit(main())

@@ -13,6 +13,8 @@ implement any of these hooks; a hook a stage does not define costs nothing:
   the frame relay may already have passed the message on to the CO.
 - ``on_finish(call)``: the call ended; ``call.code``/``call.details`` hold the status the
   CO receives. Runs in reverse list order, and only for stages whose ``on_start`` ran.
+
+May import: :mod:`plugproxy.core`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import Message
 from mypy_extensions import mypyc_attr
 
-from plugproxy.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
+from plugproxy.core.sampling import SAMPLE_MIN_BYTES, Sample, skeleton_of
 
 MetadataValue = str | bytes
 Metadata = tuple[tuple[str, MetadataValue], ...]
@@ -118,7 +120,7 @@ class SpecInfo:
     """One spec version with its own descriptor pool (csi_secret and cmi_secret collide).
 
     Built with ``load`` instead of the descriptors, it reads them the first time anything
-    asks for them (:func:`plugproxy.registry.load_spec`): a proxy builds the pools of the
+    asks for them (:func:`plugproxy.spec.registry.load_spec`): a proxy builds the pools of the
     specs its calls use, not of every bundled one.
     """
 
@@ -282,8 +284,8 @@ class LazyMessage:
 
     :attr:`message` is the whole message. :attr:`sampled` is what the observing stages
     (response rules, the call log) use: the same message, except that a large one
-    (:data:`plugproxy.sampling.SAMPLE_MIN_BYTES`) with lists longer than
-    :data:`plugproxy.sampling.SAMPLE_SIZE` keeps only a sample of their entries, the others
+    (:data:`plugproxy.core.sampling.SAMPLE_MIN_BYTES`) with lists longer than
+    :data:`plugproxy.core.sampling.SAMPLE_SIZE` keeps only a sample of their entries, the others
     never decoded. :meth:`count` gives a list's real length either way.
     """
 
@@ -537,9 +539,9 @@ ReadinessCheck = Callable[[], tuple[bool, str]]
 class Runtime:
     """What a stage's ``build(ns, runtime)`` may use: shared services of one proxy."""
 
-    registry: Any  # plugproxy.registry.Registry
+    registry: Any  # plugproxy.spec.registry.Registry
     upstream: UpstreamView
-    logger: Any  # plugproxy.log.Logger
+    logger: Any  # plugproxy.core.log.Logger
     metrics: Any  # prometheus_client.CollectorRegistry, served on /metrics
     admin_routes: dict[str, AdminHandler] = field(default_factory=dict)
     readiness_checks: list[ReadinessCheck] = field(default_factory=list)

@@ -11,6 +11,8 @@ Order (each stage's module says why it sits where it does):
 
 ``on_start`` runs in this order, ``on_finish`` in reverse. At startup each method gets a
 :class:`Chain` of only the stages that want it; a disabled stage is simply not in the list.
+
+May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.stages`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from types import ModuleType
 from typing import Any
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage, StatusCode
-from plugproxy.log import Logger
-from plugproxy.options import Option
+from plugproxy.core.log import Logger
+from plugproxy.core.options import Option
 from plugproxy.stages import calllog, metrics, serialize, tracing_env, validate
 
 # The stage modules in pipeline order. Each defines OPTIONS and build(ns, runtime);

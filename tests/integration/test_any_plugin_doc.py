@@ -21,7 +21,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
 from tests.support import channel, generic_servicer
 
 ROOT = Path(__file__).resolve().parents[2]

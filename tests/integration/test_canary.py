@@ -25,9 +25,10 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from plugproxy import redact, serve
 from plugproxy.api import CallKind, MethodInfo
-from plugproxy.registry import SPEC_NAMES, Registry, spec_package
+from plugproxy.cli import serve
+from plugproxy.spec import redact
+from plugproxy.spec.registry import SPEC_NAMES, Registry, spec_package
 from tests.support import RecorderPlugin, channel, start_proxy
 
 MAX_DEPTH = 6

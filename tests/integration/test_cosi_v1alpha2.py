@@ -24,7 +24,7 @@ import grpc
 import pytest
 import yaml
 
-from plugproxy import inject
+from plugproxy.cli import inject
 from plugproxy.fakes import SpecClient, start_fake_plugin
 from plugproxy.stages.validate import ValidateStage
 from tests.support import start_proxy

@@ -18,9 +18,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from plugproxy import cli, redact
 from plugproxy.api import MethodInfo
-from plugproxy.serve import ProxyServer
+from plugproxy.cli import main as cli
+from plugproxy.cli.serve import ProxyServer
+from plugproxy.spec import redact
 from tests.integration.test_canary import Generator
 from tests.support import (
     VAULT,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from plugproxy import cli
+from plugproxy.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -89,7 +89,7 @@ NOT_HERE: dict[str, str] = {
     "helm template my-driver vendor/csi-driver | plugproxy inject"
     " --image registry.example.com/plugproxy:0.1.0 - | kubectl apply -f -": CLUSTER,
     "plugproxy webhook --tls-cert /tls/tls.crt --tls-key /tls/tls.key": (
-        "a Secret's certificate mounted at /tls; tests/test_webhook.py serves the webhook"
+        "a Secret's certificate mounted at /tls; tests/test_cli_webhook.py serves the webhook"
     ),
     "kubectl -n <ns> logs <pod> -c plugproxy | grep -m1 'plugproxy listening'": CLUSTER,
     "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317": (

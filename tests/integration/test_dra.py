@@ -15,9 +15,9 @@ from typing import Any
 
 import grpc
 
+from plugproxy.cli.serve import ProxyServer
 from plugproxy.fakes import FakeKnobs, SpecClient, start_fake_plugin
 from plugproxy.fakes.dra import FakeDraV1
-from plugproxy.serve import ProxyServer
 from tests.support import start_proxy
 
 DRA = "k8s.io.kubelet.pkg.apis.dra"

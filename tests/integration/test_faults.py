@@ -21,12 +21,14 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy import admin, serve, sockets
+from plugproxy.admin import server as admin
 from plugproxy.api import Call, LazyMessage, Stage
-from plugproxy.endpoints import ConfigError
+from plugproxy.cli import serve
+from plugproxy.cli.serve import ProxyServer
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes import FakeKnobs, SpecClient, start_fake_plugin
-from plugproxy.serve import ProxyServer
-from plugproxy.sockets import socket_answers
+from plugproxy.net import sockets
+from plugproxy.net.sockets import socket_answers
 from tests.support import (
     ECHO,
     channel,

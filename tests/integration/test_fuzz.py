@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plugproxy.api import CallKind, MethodInfo
-from plugproxy.registry import SPEC_NAMES, Registry
+from plugproxy.cli.serve import ProxyServer
 from plugproxy.rules import all_rules
-from plugproxy.serve import ProxyServer
+from plugproxy.spec.registry import SPEC_NAMES, Registry
 from tests.support import RecorderPlugin, Seen, start_proxy
 
 MAX_DEPTH = 3

@@ -35,9 +35,9 @@ import pytest
 import yaml
 
 import plugproxy
-from plugproxy import inject, preparedir
+from plugproxy.cli import inject, preparedir
 from plugproxy.fakes import SpecClient
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "inject"
@@ -96,7 +96,9 @@ def python_for(uid: int) -> tuple[str, str] | None:
     places = [*os.get_exec_path(), "/usr/local/bin", "/usr/bin"]
     found = (shutil.which(version, path=place) for place in places)
     for exe in dict.fromkeys(os.path.realpath(e) for e in [sys.executable, *found] if e):
-        check = f"import sys, grpc, plugproxy.cli; assert sys.version[:4] == {sys.version[:4]!r}"
+        check = (
+            f"import sys, grpc, plugproxy.cli.main; assert sys.version[:4] == {sys.version[:4]!r}"
+        )
         env = {"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}
         try:
             probe = subprocess.run(

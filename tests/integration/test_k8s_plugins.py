@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import pytest
 
-from plugproxy import serve
+from plugproxy.cli import serve
 from plugproxy.fakes import FakeKnobs, start_fake_plugin
-from plugproxy.registry import Registry
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
+from plugproxy.spec.registry import Registry
 from tests.support import start_proxy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from plugproxy.fakes import start_fake_plugin
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 from plugproxy.stages import metrics
 from tests.support import channel, start_proxy, wait_until
-from tests.test_readiness import CSI_PROBE, probe_response
+from tests.test_admin_readiness import CSI_PROBE, probe_response
 from tests.test_stages_metrics import (
     ALLOCATED,
     CREATE,

@@ -44,9 +44,9 @@ from typing import Any
 import pytest
 import yaml
 
+from plugproxy.cli.inject import DEFAULT_IMAGE as IMAGE
+from plugproxy.cli.inject import VIOLATIONS_FILE
 from plugproxy.fakes import SpecClient
-from plugproxy.inject import DEFAULT_IMAGE as IMAGE
-from plugproxy.inject import VIOLATIONS_FILE
 from tests.support import built_image, free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

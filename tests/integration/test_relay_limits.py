@@ -32,6 +32,7 @@ import h2.connection
 import h2.settings
 import pytest
 
+from plugproxy.net.sockets import socket_answers
 from plugproxy.relay import hpackcodec
 from plugproxy.relay.frames import (
     CANCEL,
@@ -57,7 +58,6 @@ from plugproxy.relay.frames import (
 )
 from plugproxy.relay.limits import DEFAULT_LIMITS as LIMITS
 from plugproxy.relay.limits import DEFAULT_WINDOW
-from plugproxy.sockets import socket_answers
 from tests.support import ECHO, RecorderPlugin
 
 REPO = Path(__file__).resolve().parents[2]

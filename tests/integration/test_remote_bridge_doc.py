@@ -19,7 +19,7 @@ import grpc
 import pytest
 import yaml
 
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "remote-bridge.md"

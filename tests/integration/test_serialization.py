@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
+from plugproxy.cli.serve import ProxyServer
 from plugproxy.fakes import FakeKnobs, start_fake_plugin
-from plugproxy.registry import Registry
-from plugproxy.serve import ProxyServer
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.serialize import SerializeStage
 from tests.support import channel, start_proxy, wait_until
 

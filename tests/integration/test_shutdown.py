@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugproxy.sockets import socket_answers
+from plugproxy.net.sockets import socket_answers
 from tests.support import admin_get, channel, free_port
 
 GRACE = 60.0  # far longer than the test: only the second signal can end it in time

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from plugproxy.sockets import socket_answers, socket_identity
+from plugproxy.net.sockets import socket_answers, socket_identity
 from tests.support import admin_get, free_port
 
 REPO = Path(__file__).resolve().parents[2]

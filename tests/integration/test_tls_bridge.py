@@ -20,10 +20,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugproxy import serve
-from plugproxy.log import Logger
+from plugproxy.cli import serve
+from plugproxy.core.log import Logger
 from tests.support import ECHO, RecorderPlugin, channel, start_recorder, wait_until
-from tests.test_transport import CA, Issued, Lines, SecretDir
+from tests.test_net_transport import CA, Issued, Lines, SecretDir
 
 SERVER_NAME = "appliance.example"
 NODE_SPIFFE = "spiffe://example.org/ns/kube-system/sa/csi-node"

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from plugproxy.fakes import start_fake_plugin
-from tests.test_transport import CA, Issued
+from tests.test_net_transport import CA, Issued
 
 INFO = "/csi.v1.Identity/GetPluginInfo"
 NODE_ID = "spiffe://example.org/ns/kube-system/sa/csi-node"

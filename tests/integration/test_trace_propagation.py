@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanKind
 from plugproxy.fakes import start_fake_plugin
 from plugproxy.fakes.collector import CollectorHandle, TraceSpan, start_collector
 from plugproxy.fakes.otel import tracer_provider_from_env
-from plugproxy.registry import load_spec
+from plugproxy.spec.registry import load_spec
 from tests.support import channel, start_proxy
 
 CSI = load_spec("csi.v1")

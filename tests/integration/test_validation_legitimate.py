@@ -24,8 +24,8 @@ from typing import Any
 import grpc
 import pytest
 
+from plugproxy.cli.serve import ProxyServer
 from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
-from plugproxy.serve import ProxyServer
 from tests.support import start_proxy
 
 NOT_FOUND = grpc.StatusCode.NOT_FOUND

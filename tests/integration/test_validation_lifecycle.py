@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from plugproxy.cli.serve import ProxyServer
 from plugproxy.fakes import FakeKnobs, SpecClient, start_fake_plugin
-from plugproxy.serve import ProxyServer
 from plugproxy.stages.validate import ValidateStage
 from tests.support import start_proxy
 

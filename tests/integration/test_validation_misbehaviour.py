@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from plugproxy.fakes import FakeKnobs, SpecClient, catalogue
-from plugproxy.registry import Registry
+from plugproxy.spec.registry import Registry
 from tests.integration.test_validation_lifecycle import (
     PROVIDER_SPEC,
     mount_cap,

@@ -1,0 +1,4 @@
+"""The bundled specs' descriptor sets, written from protos/ by `make protos`: data only.
+
+May import: nothing of plugproxy.
+"""

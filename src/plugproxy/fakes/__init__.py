@@ -5,6 +5,9 @@ plugins and DRA kubelet plugins (with device health) for tests and demos.
 ``plugproxy fake-plugin`` command serves one as a process (see :mod:`plugproxy.fakes.cli`).
 :class:`FakeKnobs` adds delays, injected status codes and the deliberate spec breaches of
 :data:`MISBEHAVIOURS`.
+
+May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.spec`,
+:mod:`plugproxy.stages` (the tracing stage's exporter settings, for a traced fake).
 """
 
 from plugproxy.fakes.base import CallRecord, FakePlugin

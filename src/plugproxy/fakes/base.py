@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from plugproxy.api import MethodInfo
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes.common import (
     DynMessage,
     FakeError,
@@ -37,7 +37,7 @@ from plugproxy.fakes.misbehave import (
     drop_capabilities,
     status_bytes,
 )
-from plugproxy.registry import SPECS, load_spec
+from plugproxy.spec.registry import SPECS, load_spec
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``plugproxy fake-plugin``: serve a fake plugin until SIGTERM or SIGINT.
 
 The main CLI adds these options to its sub-command parser and awaits :func:`run`; bad
-values raise :class:`~plugproxy.endpoints.ConfigError`, which it prints as one line before
+values raise :class:`~plugproxy.core.endpoints.ConfigError`, which it prints as one line before
 exiting with status 2.
 """
 
@@ -14,13 +14,13 @@ import os
 import signal
 import sys
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.options import duration
 from plugproxy.fakes.knobs import SERVED_WITH, knobs_from_flags
 from plugproxy.fakes.misbehave import catalogue
 from plugproxy.fakes.otel import tracer_provider_from_env
 from plugproxy.fakes.server import FAKE_SPECS, start_fake_plugin
-from plugproxy.options import duration
-from plugproxy.registry import SPEC_ALIASES
+from plugproxy.spec.registry import SPEC_ALIASES
 
 # Where a driver of each spec family reads its address when no flag gives it.
 ENDPOINT_VARIABLES = {"csi": "CSI_ENDPOINT", "cosi": "COSI_ENDPOINT", "cmi": "CMI_ENDPOINT"}

@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 
 from plugproxy.api import MethodInfo
 from plugproxy.fakes.common import DynMessage
-from plugproxy.registry import SPECS, Registry, load_spec
+from plugproxy.spec.registry import SPECS, Registry, load_spec
 
 
 class SpecClient:

@@ -24,7 +24,7 @@ from plugproxy.api import MethodInfo, SpecInfo
 from plugproxy.fakes.base import FakePlugin
 from plugproxy.fakes.common import DynMessage, ServicerContext, invalid
 from plugproxy.fakes.knobs import FakeKnobs, served_specs
-from plugproxy.registry import SPECS, load_spec
+from plugproxy.spec.registry import SPECS, load_spec
 
 DRIVER_NAME = "gpu.fake.plugproxy.io"
 POOL = "fake-node"

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes.misbehave import check_misbehaviours
-from plugproxy.registry import SPEC_NAMES, Registry
+from plugproxy.spec.registry import SPEC_NAMES, Registry
 
 ANY_METHOD = "*"
 

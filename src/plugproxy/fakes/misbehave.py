@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from plugproxy.endpoints import ConfigError
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.sampling import varint
 from plugproxy.fakes.common import (
     DynMessage,
     FakeError,
@@ -25,7 +26,6 @@ from plugproxy.fakes.common import (
     has_descriptor_field,
 )
 from plugproxy.fakes.csi_model import NODE_TOPOLOGY
-from plugproxy.sampling import varint
 
 if TYPE_CHECKING:
     from plugproxy.api import MethodInfo

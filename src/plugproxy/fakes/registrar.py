@@ -20,8 +20,8 @@ import time
 
 import grpc
 
-from plugproxy.options import duration
-from plugproxy.registry import load_spec
+from plugproxy.core.options import duration
+from plugproxy.spec.registry import load_spec
 
 PLUGIN_INFO = "/csi.v1.Identity/GetPluginInfo"
 RECONNECT_MS = 1000  # csi-lib-utils' connection.Connect redials about once a second

@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.message import Message
 
 from plugproxy.api import CallKind, MethodInfo
-from plugproxy.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
+from plugproxy.core.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
 from plugproxy.fakes import otel
 from plugproxy.fakes.base import FakePlugin
 from plugproxy.fakes.cmi import FakeCmiV1
@@ -32,7 +32,7 @@ from plugproxy.fakes.deviceplugin import FakeDevicePluginV1Beta1
 from plugproxy.fakes.dra import FakeDraV1
 from plugproxy.fakes.kms import FakeKmsV2
 from plugproxy.fakes.knobs import FakeKnobs, served_specs
-from plugproxy.registry import Registry
+from plugproxy.spec.registry import Registry
 
 FAKE_SPECS: dict[str, type[FakePlugin]] = {
     "csi.v1": FakeCsiV1,

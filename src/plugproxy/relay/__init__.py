@@ -12,4 +12,9 @@
 
 - :mod:`~plugproxy.relay.grpcrelay` (TLS endpoints): a gRPC server and client, where grpc
   owns the handshake and the identity checks.
+
+- :mod:`~plugproxy.relay.upstream`: the proxy's own HTTP/2 connection to the plugin.
+
+May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.net`,
+:mod:`plugproxy.spec`, :mod:`plugproxy.pipeline`.
 """

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from plugproxy.api import MethodInfo
-from plugproxy.endpoints import Endpoint
-from plugproxy.log import Logger
+from plugproxy.core.endpoints import Endpoint
+from plugproxy.core.log import Logger
 from plugproxy.pipeline import Chain, compile_chain
-from plugproxy.registry import Registry
 from plugproxy.relay.limits import DEFAULT_LIMITS, Limits
 from plugproxy.relay.pairing import Pairing, PluginSide
-from plugproxy.upstream import Upstream
+from plugproxy.relay.upstream import Upstream
+from plugproxy.spec.registry import Registry
 
 LISTEN_BACKLOG = 1024
 WARNING_INTERVAL = 10.0  # seconds between two warnings of the same kind

@@ -34,11 +34,11 @@ from plugproxy.api import (
     UpstreamError,
     UpstreamState,
 )
-from plugproxy.endpoints import Endpoint
-from plugproxy.log import Logger
+from plugproxy.core.endpoints import Endpoint
+from plugproxy.core.log import Logger
 from plugproxy.pipeline import Chain, compile_chain
-from plugproxy.registry import Registry
-from plugproxy.upstream import Upstream, answer_margin, deadline_ran_out
+from plugproxy.relay.upstream import Upstream, answer_margin, deadline_ran_out
+from plugproxy.spec.registry import Registry
 
 # Transport-level headers: grpc sets its own on the upstream hop.
 HOP_BY_HOP = frozenset(
@@ -180,7 +180,7 @@ class GrpcRelay(grpc.GenericRpcHandler):  # type: ignore[misc]  # grpc is untype
 
     async def _await_plugin(self, remaining: float | None, timeout: float | None) -> None:
         """A call that finds the plugin unreachable waits for it: for --plugin-wait, and at
-        most until just before its own deadline (as in the frame relay; plugproxy.upstream
+        most until just before its own deadline (as in the frame relay; plugproxy.relay.upstream
         says why). Still down then, it is answered here: raises UpstreamError UNAVAILABLE
         naming the upstream and why it cannot be reached. A channel still making its first
         connection, or reconnecting to a plugin that was up, lets the call go ahead."""

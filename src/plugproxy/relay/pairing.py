@@ -15,7 +15,7 @@ they have gone to the CO. A peer that stops reading its socket stops the credit 
 A call that finds no plugin waits for one within its own deadline, bounded by
 ``--plugin-wait``; the pairing keeps dialling while calls wait. One still waiting just
 before its deadline is answered UNAVAILABLE naming the upstream and why it cannot be
-reached (see :data:`plugproxy.upstream.ANSWER_MARGIN_SECONDS`).
+reached (see :data:`plugproxy.relay.upstream.ANSWER_MARGIN_SECONDS`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
 from plugproxy.relay.grpcwire import Messages, MessageTooLarge, message_frame
 from plugproxy.relay.hpackcodec import Header, NeverIndexed
-from plugproxy.upstream import answer_margin, deadline_ran_out
+from plugproxy.relay.upstream import answer_margin, deadline_ran_out
 
 if TYPE_CHECKING:
     from plugproxy.relay.framerelay import FrameRelay, Route

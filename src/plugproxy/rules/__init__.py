@@ -2,7 +2,10 @@
 
 A table's module is imported the first time its table is asked for: a proxy judging only
 CSI v1 calls never loads the tables of the other specs. Spec ``a.b`` has its table in module
-``a_b`` and its rule ids start with ``a.`` (its family).
+``a_b`` and its rule ids start with ``a.`` (its family). What the validate stage writes
+of the violations it records is :mod:`~plugproxy.rules.violationlog`.
+
+May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.spec`.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from plugproxy.registry import SPEC_NAMES
 from plugproxy.rules.engine import Rule, SpecTable
+from plugproxy.spec.registry import SPEC_NAMES
 
 
 class _Tables(Mapping[str, SpecTable]):

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import ExpiringMap, ago, message_digest, parts_digest
 from plugproxy.rules.csi_common import capability_names, generic_rules
 from plugproxy.rules.engine import (
     CO,
@@ -37,7 +38,6 @@ from plugproxy.rules.engine import (
     Violation,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import ExpiringMap, ago, message_digest, parts_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago
 from plugproxy.rules.csi_common import generic_rules
 from plugproxy.rules.engine import (
     CO,
@@ -22,7 +23,6 @@ from plugproxy.rules.engine import (
     Violation,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
     from plugproxy.rules.engine import CompiledSpec

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, map_digest, message_digest
 from plugproxy.rules.cosi_common import (
     BOTH,
     BucketBook,
@@ -37,7 +38,6 @@ from plugproxy.rules.engine import (
     StateChange,
     Violation,
 )
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, map_digest, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

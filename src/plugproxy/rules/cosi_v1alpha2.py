@@ -16,7 +16,7 @@ Not judged, unlike v1alpha1: the error rows' recoveries say "SHOULD" (INVALID_AR
 say nothing normative ("Not retryable", "Retryable with exponential backoff"), so an
 unchanged retry is a SHOULD at most (cosi.retry-advised-unchanged), and the v1alpha2 spec
 has no error table per RPC to hold a code against. The messages carry no secrets map, so
-no key format is judged; the credential fields are masked by plugproxy.redact.
+no key format is judged; the credential fields are masked by plugproxy.spec.redact.
 """
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import (
+    HANDOVER,
+    ExpiringMap,
+    ago,
+    digest,
+    map_digest,
+    message_digest,
+    parts_digest,
+    remember,
+)
 from plugproxy.rules.cosi_common import (
     BOTH,
     DEFINITE,
@@ -49,16 +59,6 @@ from plugproxy.rules.engine import (
     SpecTable,
     StateChange,
     Violation,
-)
-from plugproxy.rules.memory import (
-    HANDOVER,
-    ExpiringMap,
-    ago,
-    digest,
-    map_digest,
-    message_digest,
-    parts_digest,
-    remember,
 )
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import ago, remember
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
     CO,
@@ -28,7 +29,6 @@ from plugproxy.rules.engine import (
     Violation,
     listed_entries,
 )
-from plugproxy.rules.memory import ago, remember
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, message_digest
 from plugproxy.rules.engine import (
     CO,
     MUST,
@@ -23,7 +24,6 @@ from plugproxy.rules.engine import (
     list_length,
     malformed_message_rule,
 )
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
 from plugproxy.rules.state import added, removed
 
 if TYPE_CHECKING:

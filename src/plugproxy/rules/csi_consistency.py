@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, digest, map_digest, remember
 from plugproxy.rules import csi_order, csi_responses
 from plugproxy.rules.engine import (
     CO,
@@ -49,7 +50,6 @@ from plugproxy.rules.engine import (
     list_length,
     listed_entries,
 )
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest, map_digest, remember
 from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:

@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago
 from plugproxy.rules.csi_common import staging_path_missing
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

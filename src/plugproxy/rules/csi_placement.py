@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import ExpiringMap
 from plugproxy.rules.engine import CO, MUST, Hooks, Rule, Violation
-from plugproxy.rules.memory import ExpiringMap
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

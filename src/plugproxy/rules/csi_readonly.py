@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, digest
 from plugproxy.rules.engine import MUST, PLUGIN, Hooks, Rule, Violation, list_length
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

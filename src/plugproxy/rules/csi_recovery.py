@@ -42,9 +42,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, message_digest
 from plugproxy.rules.csi_common import CREATE_SNAPSHOT_ARGUMENTS, CREATE_VOLUME_ARGUMENTS
 from plugproxy.rules.engine import CO, MUST, PLUGIN, SHOULD, Hooks, Rule, Violation
-from plugproxy.rules.memory import HANDOVER, ExpiringMap, ago, message_digest
 
 if TYPE_CHECKING:
     from plugproxy.api import Call

@@ -5,7 +5,7 @@ a group snapshot against its members, expansion capacities against the requested
 delete answers against their idempotency, and the snapshot metadata streams, whose only
 memory is per stream (``call.stage_state``, dropped with the call).
 
-Large answers are judged on a sample (:mod:`plugproxy.sampling`): per-entry checks look at
+Large answers are judged on a sample (:mod:`plugproxy.core.sampling`): per-entry checks look at
 what was kept. A metadata message is the exception: every tuple of it is judged, the whole
 message decoded when the proxy had kept a sample, as a breach between two tuples anywhere
 on the stream is one the wire shows.
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # call.stage_state key of a metadata stream's memory (_Stream).
 STREAM_KEY = "csi_responses.metadata"
 # Every tuple of every metadata message is judged: a message the proxy decoded from a
-# sample (plugproxy.sampling, for long lists) is decoded whole here, and the checks run
+# sample (plugproxy.core.sampling, for long lists) is decoded whole here, and the checks run
 # over plain lists with C-level comparisons, the tuple-by-tuple walk only once one fails
 # (about 0.6 µs a tuple, mostly reading its two numbers out of the decoded message).
 

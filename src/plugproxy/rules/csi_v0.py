@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from plugproxy.core.memory import ExpiringMap, ago
 from plugproxy.rules import (
     csi_capabilities,
     csi_consistency,
@@ -44,7 +45,6 @@ from plugproxy.rules.engine import (
     Violation,
     merged,
 )
-from plugproxy.rules.memory import ExpiringMap, ago
 from plugproxy.rules.state import CAPABILITY_TTL
 
 if TYPE_CHECKING:

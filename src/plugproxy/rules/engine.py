@@ -155,7 +155,7 @@ class FixFirst:
 
 @dataclass(frozen=True)
 class StateChange:
-    """An RPC that changes the objects its request names (plugproxy.keys and ``paths``)."""
+    """An RPC that changes the objects its request names (plugproxy.spec.keys and ``paths``)."""
 
     # Answers to an identical repeat of the last successful call on the same objects that
     # break "This operation MUST be idempotent"; empty: not judged, its calls only end a
@@ -164,7 +164,7 @@ class StateChange:
     # Whether a successful answer is final (response -> bool); after one that is not (a
     # snapshot still being processed) a repeat may legitimately fail.
     final: Callable[[Any], bool] | None = None
-    paths: tuple[str, ...] = ()  # request fields naming objects besides plugproxy.keys'
+    paths: tuple[str, ...] = ()  # request fields naming objects besides plugproxy.spec.keys'
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ class ServiceNeeds:
 
 
 # call.stage_state key: the response message being judged (a LazyMessage), set by the
-# validate stage so response checks can count a list that was sampled (plugproxy.sampling).
+# validate stage so response checks can count a list that was sampled (plugproxy.core.sampling).
 JUDGED_RESPONSE = "validate.response"
 # call.stage_state key: names of sampled lists a response check decoded and judged whole,
 # whose violations already name entries by their index on the wire.

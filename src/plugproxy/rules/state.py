@@ -2,7 +2,7 @@
 
 Everything here is learned from calls seen on the wire, bounded in memory and forgotten
 with time: capabilities expire after a TTL, volumes live in bounded, expiring maps
-(:class:`~plugproxy.rules.memory.ExpiringMap`) that drop what was not updated for an hour
+(:class:`~plugproxy.core.memory.ExpiringMap`) that drop what was not updated for an hour
 (the one updated longest ago first when full). Only what
 the proxy saw counts: a volume it never saw staged is not "unstaged", it is unknown, and
 unknown history is never a violation. Memory that went stale (an HA peer relayed the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from plugproxy.rules.memory import ExpiringMap
+from plugproxy.core.memory import ExpiringMap
 
 CAPABILITY_TTL = 300.0  # a plugin upgrade may change them; re-learn after five minutes
 QUERY_RETRY = 30.0  # after a failed query of our own, wait this long before the next

@@ -1,21 +1,21 @@
 """The call log: one structured line per call, request ids, and redacted payloads.
 
-Every call ends in one ``call`` line on stdout (through the shared :class:`plugproxy.log.Logger`,
-so ``--log-format`` and ``--log-level`` apply): request id, spec, method, resource keys,
-duration, the gRPC code and message the CO received, the serialization wait when the call
-queued, the rule ids of violations seen, and, for streaming calls, how many messages went
-each way. Calls a stage answered itself say ``rejected``.
+Every call ends in one ``call`` line on stdout (through the shared
+:class:`plugproxy.core.log.Logger`, so ``--log-format`` and ``--log-level`` apply): request
+id, spec, method, resource keys, duration, the gRPC code and message the CO received, the
+serialization wait when the call queued, the rule ids of violations seen, and, for
+streaming calls, how many messages went each way. Calls a stage answered itself say ``rejected``.
 
 Request ids follow the gocsi convention: a ``csi.requestid`` sent by the CO is adopted,
 otherwise one is made (a per-process prefix and a counter). It is stored as
 ``call.stage_state["request_id"]`` for the other stages and sent to the plugin in the same
 metadata key.
 
-``--log-payloads`` adds the request and response, rendered by :mod:`plugproxy.redact`: every
+``--log-payloads`` adds the request and response, rendered by :mod:`plugproxy.spec.redact`: every
 sensitive field masked, each payload capped by ``--log-payload-max-bytes`` with a visible
 mark where rendering stopped. A streamed response is not logged message by message: the
 line gives the count and the first message. A large message with long lists is rendered
-from the sample :mod:`plugproxy.sampling` takes (its first entries, then a spread); the line
+from the sample :mod:`plugproxy.core.sampling` takes (its first entries, then a spread); the line
 then says ``<payload>_sampled`` with each cut list's real length. Any secret value of the
 request that shows up elsewhere (the plugin's error message, a non-secret field, a resource
 key) is masked in the line too; the CO still receives everything unchanged.
@@ -34,11 +34,11 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from plugproxy import redact
 from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage, StatusCode
-from plugproxy.keys import keys_of
-from plugproxy.log import Logger
-from plugproxy.options import SIZE_HELP, Option, byte_size
+from plugproxy.core.log import Logger
+from plugproxy.core.options import SIZE_HELP, Option, byte_size
+from plugproxy.spec import redact
+from plugproxy.spec.keys import keys_of
 
 REQUEST_ID_KEY = "csi.requestid"
 MAX_ADOPTED_ID = 128

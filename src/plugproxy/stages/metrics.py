@@ -34,8 +34,8 @@ from prometheus_client.metrics_core import (
 
 from plugproxy import __version__
 from plugproxy.api import Call, MethodInfo, Runtime, Stage, StatusCode, UpstreamError, UpstreamState
-from plugproxy.options import Option
-from plugproxy.registry import load_spec
+from plugproxy.core.options import Option
+from plugproxy.spec.registry import load_spec
 
 OPTIONS: list[Option] = [
     Option(
@@ -118,7 +118,7 @@ GO_CODE_NAMES: dict[StatusCode, str] = {code: go_code_name(code) for code in Sta
 def register_process_metrics(registry: CollectorRegistry, upstream: Any) -> None:
     """``plugproxy_build_info{version}`` and ``plugproxy_upstream_up`` (1 up, 0 down).
 
-    ``upstream`` is the concrete :class:`plugproxy.upstream.Upstream`: its state listener
+    ``upstream`` is the concrete :class:`plugproxy.relay.upstream.Upstream`: its state listener
     keeps the gauge current without any work at scrape time.
     """
     info = Gauge(

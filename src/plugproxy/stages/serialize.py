@@ -4,7 +4,7 @@ CSI v1.12 §Concurrency asks the CO to keep one call in flight per volume and le
 answer a second one with ABORTED (CSI v1.12 §Error Scheme, code 10, "operation pending");
 COSI v1alpha1 and CMI plugins have the same need per bucket and machine. Real COs do not
 always manage it, so this stage enforces it in front of the plugin, for every keyed RPC of
-every spec (keys from :func:`plugproxy.keys.keys_of`).
+every spec (keys from :func:`plugproxy.spec.keys.keys_of`).
 
 Modes (``--serialize``):
 
@@ -38,9 +38,9 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from plugproxy.api import Call, MethodInfo, Reject, Runtime, Stage, StatusCode
-from plugproxy.keys import extractor, keys_of
-from plugproxy.locks import LockTable
-from plugproxy.options import Option, duration
+from plugproxy.core.locks import LockTable
+from plugproxy.core.options import Option, duration
+from plugproxy.spec.keys import extractor, keys_of
 
 OPTIONS: list[Option] = [
     Option(

@@ -11,7 +11,7 @@ events and the CO's status is final.
   wait) and ends with the call. Its span id is chosen in ``on_start`` so it can be sent
   upstream before the span itself exists. Calls a stage rejected have no client span.
 - Attributes follow the OpenTelemetry RPC conventions (``rpc.system``, ``rpc.service``,
-  ``rpc.method``, ``rpc.grpc.status_code``) plus ``plugproxy.keys``, ``plugproxy.spec`` and
+  ``rpc.method``, ``rpc.grpc.status_code``) plus ``plugproxy.spec.keys``, ``plugproxy.spec`` and
   ``plugproxy.request_id``. Call events (violations, serialization waits) become span events
   with their attributes, which by construction never quote field values. No payloads.
 
@@ -53,12 +53,13 @@ from opentelemetry.trace import SpanKind, Status
 from opentelemetry.trace import StatusCode as SpanStatus
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from plugproxy import __version__, redact
+from plugproxy import __version__
 from plugproxy.api import Call, Runtime, Stage, StatusCode
-from plugproxy.endpoints import ConfigError
-from plugproxy.keys import keys_of
-from plugproxy.options import Option
-from plugproxy.redact import Redactor
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.options import Option
+from plugproxy.spec import redact
+from plugproxy.spec.keys import keys_of
+from plugproxy.spec.redact import Redactor
 
 OPTIONS: list[Option] = []  # configured by the standard OTEL_* environment only
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 
 from plugproxy.api import Runtime, Stage
-from plugproxy.options import Option
+from plugproxy.core.options import Option
 
 OPTIONS: list[Option] = []  # configured by the standard OTEL_* environment only
 

@@ -7,7 +7,7 @@ Modes (``--validation``, per rule ``--rule ID=MODE``):
 
 - ``audit`` (default): calls pass untouched; each violation is logged, counted
   (``plugproxy_violations_total`` and ``GET /violations``; with ``--violations-file`` also
-  appended to a file that outlives a restart, :mod:`plugproxy.violationlog`) and added as a
+  appended to a file that outlives a restart, :mod:`plugproxy.rules.violationlog`) and added as a
   call event.
 - ``enforce``: a request breaking a MUST rule whose spec prescribes the answer is answered
   by the proxy itself, with that answer, and never reaches the plugin (INVALID_ARGUMENT;
@@ -19,7 +19,7 @@ Modes (``--validation``, per rule ``--rule ID=MODE``):
 The rules are data (:mod:`plugproxy.rules`), compiled per message type for each spec before
 its first call (a spec the registry lists on a first call is compiled then). The stage
 is fail-closed: an exception in a request check ends the call with INTERNAL. Requests are
-judged whole; a large response is judged on the sample :mod:`plugproxy.sampling` takes of
+judged whole; a large response is judged on the sample :mod:`plugproxy.core.sampling` takes of
 its long lists, violations naming entries by their real index.
 """
 
@@ -54,9 +54,10 @@ from plugproxy.api import (
     Stage,
     StatusCode,
 )
-from plugproxy.endpoints import ConfigError
-from plugproxy.keys import KEY_TABLES, keys_of
-from plugproxy.options import SIZE_HELP, Option, byte_size, duration, value_source
+from plugproxy.core.endpoints import ConfigError
+from plugproxy.core.memory import ExpiringMap, ago, digest, parts_digest, remember
+from plugproxy.core.options import SIZE_HELP, Option, byte_size, duration, value_source
+from plugproxy.core.sampling import Sample
 from plugproxy.rules import TABLES, all_rules, annotated, find_rule
 from plugproxy.rules.csi_common import capability_names
 from plugproxy.rules.engine import (
@@ -74,16 +75,15 @@ from plugproxy.rules.engine import (
     checked_positions,
     compile_table,
 )
-from plugproxy.rules.memory import ExpiringMap, ago, digest, parts_digest, remember
 from plugproxy.rules.state import CAPABILITY_TTL, MAX_OBJECTS, SpecState
-from plugproxy.sampling import Sample
-from plugproxy.violationlog import (
+from plugproxy.rules.violationlog import (
     DEFAULT_MAX_BYTES,
     MIN_MAX_BYTES,
     Tally,
     ViolationFile,
     utc,
 )
+from plugproxy.spec.keys import KEY_TABLES, keys_of
 
 OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
 MODES = (OFF, AUDIT, ENFORCE)
@@ -487,7 +487,7 @@ class _Plan:
     # any is judged for fix-first rows only where the connection tells its caller
     # (Call.connection), and never for back-off (a liveness probe polls Probe on one).
     judge_retries: bool
-    primary: str  # "<kind>:" of the object the call is about (plugproxy.keys); "": none
+    primary: str  # "<kind>:" of the object the call is about (plugproxy.spec.keys); "": none
     pending_code: str | None  # the "operation pending" row's code
     backoff_codes: frozenset[str]  # codes whose row for this RPC says back off
     # Hashes of the wire bytes of sampled list entries the response checker found clean.
@@ -936,7 +936,7 @@ class ValidateStage(Stage):
 
     def on_response(self, call: Call, message: LazyMessage) -> None:
         plan = self._plans[call.method.path]
-        # A large response is judged on a sample of its long lists (plugproxy.sampling),
+        # A large response is judged on a sample of its long lists (plugproxy.core.sampling),
         # like the response checkers' own limit; list lengths still count every entry.
         resp = message.sampled
         if resp is None:

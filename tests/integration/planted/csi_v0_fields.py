@@ -559,7 +559,7 @@ def _bytes_with(message: bytes, placeholder: bytes, raw: bytes) -> bytes:
 
 
 def _secrets_request(value: bytes) -> bytes:
-    from plugproxy.registry import Registry
+    from plugproxy.spec.registry import Registry
 
     info = next(m for m in Registry().methods(SPEC) if m.name == "CreateVolume")
     assert info.request_class is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugproxy.registry import Registry
+from plugproxy.spec.registry import Registry
 from tests.integration.planted.csi_builders import NODE, RWO, plugin_caps, rpc_caps, v1_background
 from tests.integration.planted.csi_v1_part1b_builders import (
     GIB,

@@ -22,8 +22,8 @@ import grpc
 from google.protobuf.message import Message
 
 from plugproxy.api import CallKind, MethodInfo
-from plugproxy.registry import Registry
-from plugproxy.serve import ProxyServer
+from plugproxy.cli.serve import ProxyServer
+from plugproxy.spec.registry import Registry
 from plugproxy.stages.validate import ValidateStage
 from tests.support import start_proxy
 
