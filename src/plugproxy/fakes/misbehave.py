@@ -29,7 +29,6 @@ from plugproxy.fakes.csi_model import NODE_TOPOLOGY
 
 if TYPE_CHECKING:
     from plugproxy.api import MethodInfo
-    from plugproxy.fakes.base import FakePlugin
 
 CSI = frozenset({"csi.v1", "csi.v0"})
 CSI_V1 = frozenset({"csi.v1"})
@@ -46,7 +45,9 @@ DRA = frozenset({"dra.v1"})
 
 @dataclass
 class HookContext:
-    plugin: FakePlugin
+    # The FakePlugin serving the call; a hook reads only the objects it keeps by name, so
+    # this module needs nothing of the plugin's type (fakes.base imports this module).
+    plugin: object
     method: MethodInfo
     state: dict[str, Any]  # private to one misbehaviour of one plugin instance
 

@@ -24,19 +24,20 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from plugproxy.api import Call, LazyMessage, MetadataValue, Reject, StatusCode
-from plugproxy.pipeline import Chain
+from plugproxy.api import Call, LazyMessage, MetadataValue, MethodInfo, Reject, StatusCode
+from plugproxy.core.log import Logger
+from plugproxy.pipeline import Chain, compile_chain
 from plugproxy.relay import frames, grpcwire, hpackcodec
 from plugproxy.relay.connection import H2Connection, StreamEnd
 from plugproxy.relay.grpcwire import Messages, MessageTooLarge, message_frame
 from plugproxy.relay.hpackcodec import Header, NeverIndexed
-from plugproxy.relay.upstream import answer_margin, deadline_ran_out
-
-if TYPE_CHECKING:
-    from plugproxy.relay.framerelay import FrameRelay, Route
+from plugproxy.relay.limits import DEFAULT_LIMITS, Limits
+from plugproxy.relay.upstream import Upstream, answer_margin, deadline_ran_out
+from plugproxy.spec.registry import Registry
 
 NOT_GRPC = object()  # owner of a CO stream that is not a gRPC call (answered by the proxy)
 STREAM_IDS_END = 2**31 - 1  # stream ids are 31 bits (RFC 9113 §5.1.1)
@@ -125,7 +126,7 @@ class PluginSide(asyncio.Protocol):
 class Pairing(asyncio.Protocol):
     """One CO connection and the calls it carries to the plugin."""
 
-    def __init__(self, relay: FrameRelay) -> None:
+    def __init__(self, relay: RelayState) -> None:
         self.relay = relay
         self.serial = next(_SERIALS)  # names this connection to the stages (Call.connection)
         self.co = H2Connection(relay.limits, self, server=True)
@@ -969,4 +970,101 @@ class Pairing(asyncio.Protocol):
             self._close_if_idle()
 
 
-__all__ = ["NOT_GRPC", "Pairing", "PluginSide", "Stream"]
+WARNING_INTERVAL = 10.0  # seconds between two warnings of the same kind
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    info: MethodInfo
+    chain: Chain | None
+
+
+class RelayState:
+    """What the pairings of one relay share: its routes (each method's stage chain), the
+    upstream, the limits, the calls in flight. Kept here, with the pairings that use it,
+    so that this module needs nothing of the acceptor around it
+    (:class:`plugproxy.relay.framerelay.FrameRelay`)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        upstream: Upstream,
+        stages: Sequence[Any],
+        logger: Logger,
+        *,
+        max_message_bytes: int,
+        max_concurrent_calls: int,
+        plugin_wait: float = 0.0,
+        limits: Limits = DEFAULT_LIMITS,
+        dial: Callable[[Pairing], Awaitable[PluginSide]] | None = None,
+    ) -> None:
+        self.registry = registry
+        # What opens a pairing's plugin side; the in-process benchmark gives its own.
+        self.dial = dial
+        self.upstream = upstream
+        self.logger = logger
+        self.max_message_bytes = max_message_bytes
+        self.max_concurrent_calls = max_concurrent_calls
+        self.plugin_wait = plugin_wait
+        self.limits = limits
+        self.stages = stages
+        self.routes: dict[bytes, Route] = {
+            info.path.encode(): Route(info, compile_chain(stages, info, logger))
+            for info in registry.methods()
+        }
+        self.authority = b"localhost" if upstream.endpoint.is_unix else None
+        self.pairings: set[Pairing] = set()
+        self.active = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._warned_at = 0.0
+
+    def route(self, path: bytes) -> Route:
+        route = self.routes.get(path)
+        if route is None:
+            info = self.registry.lookup(path.decode("utf-8", "replace"))
+            if not info.known:
+                # Unknown paths are not cached: random paths from a CO must not grow memory.
+                return Route(info, None)
+            # A method of a spec the registry lists on first use: routed as the others now.
+            route = self.routes[path] = Route(info, compile_chain(self.stages, info, self.logger))
+        return route
+
+    async def connect_upstream(self, pairing: Pairing) -> PluginSide:
+        if self.dial is not None:
+            return await self.dial(pairing)
+        loop = asyncio.get_running_loop()
+        endpoint = self.upstream.endpoint
+        if endpoint.is_unix:
+            _, side = await loop.create_unix_connection(lambda: PluginSide(pairing), endpoint.path)
+        else:
+            _, side = await loop.create_connection(
+                lambda: PluginSide(pairing), endpoint.host, endpoint.port
+            )
+        return side
+
+    def unavailable(self, why: str) -> str:
+        return self.upstream.unavailable_details(why)
+
+    def call_started(self) -> None:
+        self.active += 1
+        self._idle.clear()
+
+    def call_ended(self) -> None:
+        self.active -= 1
+        if self.active <= 0:
+            self._idle.set()
+
+    def over_limit(self, peer: str) -> None:
+        """A call refused by --max-concurrent-calls: say so, at most every few seconds."""
+        now = time.monotonic()
+        if now - self._warned_at >= WARNING_INTERVAL:
+            self._warned_at = now
+            self.logger.warning(
+                "calls refused: --max-concurrent-calls reached",
+                limit=self.max_concurrent_calls,
+                peer=peer,
+            )
+
+
+__all__ = ["NOT_GRPC", "Pairing", "PluginSide", "RelayState", "Route", "Stream"]
