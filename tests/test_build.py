@@ -56,6 +56,21 @@ def test_a_compiled_build_compiles_every_module_setup_names_and_no_other() -> No
     assert spec is not None and spec.origin is not None and spec.origin.endswith(".py")
 
 
+@pytest.mark.parametrize("name", compiled_modules())
+def test_each_compiled_module_loads_first_in_a_fresh_interpreter(name: str) -> None:
+    """A compiled module refers to the compiled classes it names when it loads; whatever
+    imports it first, they must be loaded by then (a module that imported them only for the
+    type checker crashed the interpreter when nothing had loaded them yet)."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {name}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"import {name}: exit {done.returncode}\n{done.stderr[-2000:]}"
+
+
 def test_version_says_which_build_runs() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "plugproxy", "--version"],

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+# Imported at run time, not only for the type checker: a compiled build refers to these
+# compiled classes when this module loads, and they must be loaded first.
+from plugproxy.api import Call, SpecInfo
+from plugproxy.rules.state import SpecState
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
-
-    from plugproxy.api import Call, SpecInfo
-    from plugproxy.rules.state import SpecState
 
 MUST = "MUST"
 SHOULD = "SHOULD"
