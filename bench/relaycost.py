@@ -157,9 +157,11 @@ async def cost(
     stages: list[Any] = []
     if serve_args is not None:
         endpoints = ["--listen", "unix:///bench-in.sock", "--upstream", "unix:///bench.sock"]
-        ns = serve.parse_args([*endpoints, "--admin-listen", "off", *shlex.split(serve_args)])
+        settings = serve.parse_settings(
+            [*endpoints, "--admin-listen", "off", *shlex.split(serve_args)]
+        )
         logger = Logger(log)
-        server = serve.ProxyServer(ns, logger=logger)
+        server = serve.ProxyServer(settings, logger=logger)
         registry, stages = server.registry, server.stages
     sides: list[PluginSide] = []
     dialled = asyncio.Event()

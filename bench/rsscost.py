@@ -75,6 +75,7 @@ PROBE = textwrap.dedent(
 
     import asyncio, os, tempfile
     from plugproxy.cli import serve
+    from plugproxy.cli.flags import settings_from
     from plugproxy.core.log import Logger
 
     tmp = tempfile.mkdtemp()
@@ -85,7 +86,7 @@ PROBE = textwrap.dedent(
     ])
 
     async def main():
-        server = serve.ProxyServer(ns, Logger(open(os.devnull, "w")))
+        server = serve.ProxyServer(settings_from(serve.ServeSettings, ns), Logger(open(os.devnull, "w")))
         marks.append(("ProxyServer built", rss()))
         await server.start()
         await asyncio.sleep(0.05)
@@ -329,12 +330,12 @@ def report_holders(counts: list[int], serve_args: str, top: int, tools_kind: str
                 "--listen", f"unix://{sock}", "--upstream", f"unix://{plugin.socket}",
                 "--admin-listen", "127.0.0.1:0", *shlex.split(serve_args),
             ]  # fmt: skip
-            ns = serve.parse_args(argv)
+            settings = serve.parse_settings(argv)
 
             logger = Logger(open(os.devnull, "w"))  # noqa: SIM115
 
             async def main() -> tuple[tracemalloc.Snapshot, tracemalloc.Snapshot]:
-                server = serve.ProxyServer(ns, logger)
+                server = serve.ProxyServer(settings, logger)
                 await server.start()
                 # One first call builds CSI v1 (plan, rules, checkers) before the baseline.
                 await asyncio.to_thread(publish_ids, f"unix://{sock}", -1, 0, 1)

@@ -71,7 +71,7 @@ class Driver:
     """Builds the stage from `plugproxy serve` flags and runs calls through its hooks."""
 
     def __init__(self, max_volumes: int) -> None:
-        ns = serve.parse_args(
+        settings = serve.parse_settings(
             [
                 "--listen",
                 "unix:///nonexistent/in.sock",
@@ -90,7 +90,7 @@ class Driver:
                 str(max_volumes),
             ]
         )
-        self.server = serve.ProxyServer(ns, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
+        self.server = serve.ProxyServer(settings, logger=Logger(open(os.devnull, "w")))  # noqa: SIM115
         self.stage = next(s for s in self.server.stages if isinstance(s, ValidateStage))
         # The stage plans CSI v1 (its memory included) when it first sees one of its
         # methods, as routing a first call does.

@@ -59,10 +59,10 @@ async def cost(stage: str, calls: int, log: Path, method_name: str = "plugin-inf
         argv = [f for f in passthrough if f not in dropped] + ["--admin-listen", "off", *added]
         endpoints = ["--listen", "unix:///nonexistent/in.sock"]
         endpoints += ["--upstream", "unix:///nonexistent/up.sock"]  # never connected
-        ns = serve.parse_args([*endpoints, *argv])
+        settings = serve.parse_settings([*endpoints, *argv])
         with log.open("w") as stream:
             logger = Logger(stream)
-            server = serve.ProxyServer(ns, logger=logger)
+            server = serve.ProxyServer(settings, logger=logger)
             rpc, encode, _ = METHODS[method_name]
             metadata = (("user-agent", "grpc-go/1.60"), ("content-type", "application/grpc"))
 

@@ -187,8 +187,8 @@ async def start_proxy(
         argv += ["--listen-when", "start"]
     # Modules that test both relays set PLUGPROXY_RELAY (see the `relay` fixture).
     environ = {"PLUGPROXY_RELAY": os.environ.get("PLUGPROXY_RELAY", "auto")}
-    ns = serve.parse_args([*argv, *args], environ=environ)
-    proxy = serve.ProxyServer(ns, stages=stages)
+    settings = serve.parse_settings([*argv, *args], environ=environ)
+    proxy = serve.ProxyServer(settings, stages=stages)
     await proxy.start()
     return proxy
 

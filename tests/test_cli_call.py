@@ -631,12 +631,12 @@ async def test_a_tls_endpoint_is_called_with_the_bridges_flags(tmp_path):
     fake = await start_fake_plugin(
         "csi.v1", f"unix://{plugin_sock}", FakeKnobs(plugin_name=PLUGIN_NAME)
     )
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         ["--listen", "tls://127.0.0.1:0", "--upstream", f"unix://{plugin_sock}",
          *appliance.args(), "--tls-allow-identity", NODE_ID, "--admin-listen", "off"],
         environ={},
     )  # fmt: skip
-    proxy = serve.ProxyServer(ns, logger=Logger(io.StringIO()))
+    proxy = serve.ProxyServer(settings, logger=Logger(io.StringIO()))
     await proxy.start()
     try:
         endpoint = f"tls://127.0.0.1:{proxy.port}"

@@ -399,8 +399,7 @@ def test_proxy_container_probes_ports_grace_and_security(
         proxy = pod.container("plugproxy")
         flags = proxy_flags(proxy)
         # The args are ones `plugproxy serve` accepts and checks.
-        ns = serve.parse_args(proxy["args"][1:], environ={})
-        serve.check_settings(ns)
+        serve.resolve(serve.parse_settings(proxy["args"][1:], environ={}))
         port = int(flags["--admin-listen"].rpartition(":")[2])
         # On hostNetwork the admin stays on the node's loopback, where kubelet probes it.
         host_network = pod.spec.get("hostNetwork", False)

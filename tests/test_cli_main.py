@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from plugproxy.cli import main as cli
-from plugproxy.core.options import action_default
+from plugproxy.cli.flags import action_default
 from tests.support import ECHO, channel, start_recorder, wait_until
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("PLUGPROXY_")}

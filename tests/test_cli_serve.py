@@ -37,8 +37,7 @@ PROBE = textwrap.dedent(
     HEAVY = tuple(sys.argv[1].split(","))
 
     async def main() -> None:
-        ns = serve.parse_args(sys.argv[2:])
-        server = serve.ProxyServer(ns)
+        server = serve.ProxyServer(serve.parse_settings(sys.argv[2:]))
         await server.start()
         ready = await server.upstream.wait_ready(3)
         loaded = sorted(
@@ -148,12 +147,12 @@ LAZY_PROBE = textwrap.dedent(
         return "OK"
 
     async def main() -> None:
-        ns = serve.parse_args(sys.argv[1:])
-        server = serve.ProxyServer(ns)
+        settings = serve.parse_settings(sys.argv[1:])
+        server = serve.ProxyServer(settings)
         await server.start()
         await server.upstream.wait_ready(3)
         before = built(server)
-        code = await asyncio.to_thread(call, "unix:" + ns.listen.removeprefix("unix://"))
+        code = await asyncio.to_thread(call, "unix:" + settings.listen.removeprefix("unix://"))
         after = built(server)
         await server.stop(0)
         print(json.dumps({"before": before, "after": after, "code": code}))

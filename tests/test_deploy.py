@@ -230,7 +230,7 @@ def materialize_tls_files(env: dict[str, str], tmp: pathlib.Path) -> dict[str, s
 def test_every_value_is_accepted_by_the_cli(w: Workload, tmp_path: pathlib.Path) -> None:
     env = materialize_tls_files(proxy_env(w), tmp_path)
     ns = serve.parse_args([], environ=env)
-    settings = serve.check_settings(ns)
+    settings = serve.resolve(serve.parse_settings([], environ=env))
     # The parsed values are the manifest's, not defaults.
     assert settings.listen.url == env["PLUGPROXY_LISTEN"]
     assert settings.upstream.url == env["PLUGPROXY_UPSTREAM"]

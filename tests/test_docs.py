@@ -20,15 +20,12 @@ def documented_admin_paths() -> list[str]:
 
 
 async def test_observability_lists_exactly_the_admin_servers_paths(tmp_path: Path) -> None:
-    ns = serve.parse_args(
-        ["--listen", f"unix://{tmp_path}/csi.sock", "--upstream", f"unix://{tmp_path}/p.sock"],
-        environ={},
-    )
-    served = sorted(serve.ProxyServer(ns).admin_routes())
+    argv = ["--listen", f"unix://{tmp_path}/csi.sock", "--upstream", f"unix://{tmp_path}/p.sock"]
+    served = sorted(serve.ProxyServer(serve.parse_settings(argv, environ={})).admin_routes())
     assert sorted(documented_admin_paths()) == served
     # With validation off the stage, and its /violations, are not there (the page says so).
-    ns.validation = "off"
-    assert "/violations" not in serve.ProxyServer(ns).admin_routes()
+    settings = serve.parse_settings([*argv, "--validation", "off"], environ={})
+    assert "/violations" not in serve.ProxyServer(settings).admin_routes()
 
 
 def _hyphenated(prefix: str) -> re.Pattern[str]:

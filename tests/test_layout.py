@@ -111,6 +111,46 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert find_cycle(graph) is None, find_cycle(graph)
 
 
+def command_modules() -> set[str]:
+    """The command line's modules: the cli package and the modules cli.main runs as
+    subcommands (a fake plugin's command lives with the fakes)."""
+    tree = ast.parse((PACKAGE / "cli" / "main.py").read_text())
+    table = next(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "SUBCOMMANDS"
+    )
+    named = {ast.literal_eval(entry)[0] for entry in table.values}  # type: ignore[attr-defined]
+    return named | {name for name in MODULES if unit_of(name) == "cli"}
+
+
+def reads_a_command_line(path: pathlib.Path) -> bool:
+    """Whether the module names argparse's Namespace (a parsed command line) anywhere in
+    its code, quoted annotations included."""
+    tree = ast.parse(path.read_text())
+    return any(
+        (isinstance(node, ast.Attribute) and node.attr == "Namespace")
+        or (isinstance(node, ast.Name) and node.id == "Namespace")
+        or (isinstance(node, ast.alias) and node.name == "Namespace")
+        or (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"[\w.\[\], |]*\bNamespace\b[\w.\[\], |]*", node.value) is not None
+        )
+        for node in ast.walk(tree)
+    )
+
+
+def test_no_parsed_command_line_below_the_cli() -> None:
+    """Flags and environment become typed settings objects in the command modules; the
+    stages, the relay, the upstream and the admin server are built from those."""
+    commands = command_modules()
+    assert {"plugproxy.cli.serve", "plugproxy.fakes.cli"} <= commands
+    readers = {name for name, path in MODULES.items() if reads_a_command_line(path)}
+    assert "plugproxy.cli.serve" in readers  # the check sees what it looks for
+    assert readers - commands == set()
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as the path around it, or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done

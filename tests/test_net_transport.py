@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from plugproxy.cli import serve
+from plugproxy.cli.flags import settings_from
 from plugproxy.core.endpoints import ConfigError, parse_endpoint
 from plugproxy.core.log import Logger
 from plugproxy.net import tlsfiles, transport
@@ -166,8 +167,8 @@ def secret(tmp_path, pki) -> SecretDir:
     return d
 
 
-def settings(*argv: str) -> serve.Settings:
-    return serve.check_settings(serve.parse_args(list(argv), environ={}))
+def settings(*argv: str) -> serve.Resolved:
+    return serve.resolve(serve.parse_settings(list(argv), environ={}))
 
 
 UNIX = ("--listen", "unix:///tmp/pp-transport-test.sock")
@@ -234,7 +235,7 @@ def test_good_files_load_and_env_twins_work(secret, pki):
     }
     ns = serve.parse_args(["--listen", "tls://127.0.0.1:0", "--upstream", "unix:///x"], environ=env)
     assert ns.tls_allow_identity == ["spiffe://td/a", "dns:node-1.example"]
-    serve.check_settings(ns)
+    serve.resolve(settings_from(serve.ServeSettings, ns))
     material = tlsfiles.load(tlsfiles.TLSPaths(secret.ca, secret.cert, secret.key))
     assert material.cert_fingerprint == pki["leaf"].sha256
     assert material.ca_count == 1
@@ -278,13 +279,15 @@ def test_presented_identities_from_auth_context():
 
 
 def test_tcp_sides_get_keepalive_and_connection_age(secret):
-    ns = serve.parse_args(
-        ["--listen", "tls://127.0.0.1:0", "--upstream", "unix:///x.sock", *secret.args(),
-         "--max-connection-age", "10m", "--max-connection-age-grace", "30s"],
-        environ={},
-    )  # fmt: skip
-    listen, upstream = parse_endpoint(ns.listen), parse_endpoint(ns.upstream)
-    t = transport.Transport(ns, listen, upstream, Logger(io.StringIO()))
+    tls = transport.TransportSettings(
+        tls_ca=secret.ca,
+        tls_cert=secret.cert,
+        tls_key=secret.key,
+        max_connection_age=600.0,
+        max_connection_age_grace=30.0,
+    )
+    listen, upstream = parse_endpoint("tls://127.0.0.1:0"), parse_endpoint("unix:///x.sock")
+    t = transport.Transport(tls, listen, upstream, Logger(io.StringIO()))
     server = dict(t.server_options())
     assert server["grpc.max_connection_age_ms"] == 600_000
     assert server["grpc.max_connection_age_grace_ms"] == 30_000
@@ -292,12 +295,13 @@ def test_tcp_sides_get_keepalive_and_connection_age(secret):
     assert server["grpc.http2.min_ping_interval_without_data_ms"] <= 10_000
     assert t.channel_options() == []  # the UNIX upstream needs none of it
 
-    ns2 = serve.parse_args(
+    s2 = serve.parse_settings(
         [*UNIX, "--upstream", "tls://appliance:7443", *secret.args(),
          "--tls-server-name", "appliance.example"],
         environ={},
     )  # fmt: skip
-    t2 = transport.Transport(ns2, parse_endpoint(ns2.listen), parse_endpoint(ns2.upstream),
+    assert s2.listen and s2.upstream
+    t2 = transport.Transport(s2.transport, parse_endpoint(s2.listen), parse_endpoint(s2.upstream),
                              Logger(io.StringIO()))  # fmt: skip
     client = dict(t2.channel_options())
     assert client["grpc.keepalive_time_ms"] == 30_000
@@ -310,12 +314,12 @@ async def test_insecure_tcp_warns_at_every_start(tmp_path):
     server, _ = await start_recorder(str(tmp_path / "p.sock"))
     for _ in range(2):
         lines = Lines()
-        ns = serve.parse_args(
+        settings = serve.parse_settings(
             ["--listen", "tcp://127.0.0.1:0", "--upstream", f"unix://{tmp_path}/p.sock",
              "--insecure-tcp", "--admin-listen", "off"],
             environ={},
         )  # fmt: skip
-        proxy = serve.ProxyServer(ns, logger=Logger(lines), stages=[])
+        proxy = serve.ProxyServer(settings, logger=Logger(lines), stages=[])
         await proxy.start()
         try:
             assert proxy.port > 0

@@ -130,7 +130,7 @@ async def test_bidi_upstream_abort_while_client_keeps_writing(env):
     reports its own failed write as INTERNAL, with or without a proxy in between).
     """
     _, _, proxy = env
-    target = f"unix:{proxy.settings.listen.path}"
+    target = f"unix:{proxy.resolved.listen.path}"
     md = (("x-fail-code", "ABORTED"), ("x-fail-message", "pending"))
 
     def run_calls() -> dict:

@@ -198,7 +198,7 @@ def test_unknown_redact_paths_are_one_line_config_errors(path, says):
 
 
 def test_redact_paths_from_the_environment_are_comma_separated():
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         ["--listen", "unix:///tmp/a", "--upstream", "unix:///tmp/b"],
         environ={
             "PLUGPROXY_REDACT": "csi.v1.NodeStageVolumeRequest.volume_context, "
@@ -206,12 +206,19 @@ def test_redact_paths_from_the_environment_are_comma_separated():
             "PLUGPROXY_REDACT_DEFAULTS": "off",
         },
     )
-    red = redact.from_namespace(ns, ["csi.v1"])
+    red = redact.from_settings(settings.stages.call_log.redaction, ["csi.v1"])
     assert {"volume_context", "publish_context", "secrets"} <= masked_fields(
         red, "csi.v1.NodeStageVolumeRequest"
     )
     assert red.plan_for("csi.v1.VolumeCapability") is None
-    assert redact.from_namespace(ns, ["csi.v1"]) is red  # plans are built once per config
+    again = redact.RedactSettings(
+        redact=(
+            "csi.v1.NodeStageVolumeRequest.volume_context",
+            "csi.v1.NodeStageVolumeRequest.publish_context",
+        ),
+        redact_defaults="off",
+    )
+    assert redact.from_settings(again, ["csi.v1"]) is red  # plans are built once per config
 
 
 # -- cycles and masking shapes (a synthetic spec) -----------------------------------------

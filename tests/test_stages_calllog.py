@@ -90,9 +90,9 @@ async def make_proxy(tmp_path, plugin):
     async def make(*args: str, stages: list[Stage] | None = None, fmt: str = "json") -> Proxy:
         listen = str(tmp_path / f"proxy{len(started)}.sock")
         argv = ["--listen", f"unix://{listen}", "--upstream", f"unix://{plugin.path}"]
-        ns = serve.parse_args([*argv, "--admin-listen", "off", *args], environ={})
+        settings = serve.parse_settings([*argv, "--admin-listen", "off", *args], environ={})
         out = io.StringIO()
-        server = serve.ProxyServer(ns, logger=Logger(out, fmt=fmt), stages=stages)
+        server = serve.ProxyServer(settings, logger=Logger(out, fmt=fmt), stages=stages)
         await server.start()
         started.append(server)
         return Proxy(server, out, listen)
@@ -324,7 +324,8 @@ async def test_text_format_carries_the_same_fields(plugin, make_proxy):
 
 def test_build_honours_the_options():
     def ns(*args: str) -> Any:
-        return serve.parse_args(["--listen", "unix:///a", "--upstream", "unix:///b", *args], {})
+        argv = ["--listen", "unix:///a", "--upstream", "unix:///b", *args]
+        return serve.parse_settings(argv, {}).stages.call_log
 
     runtime = Runtime(
         Registry(["csi.v1"]), upstream=None, logger=Logger(io.StringIO()), metrics=None

@@ -113,12 +113,12 @@ async def start_metrics_proxy(
     listen: str, upstream: str, *args: str
 ) -> tuple[serve.ProxyServer, MetricsStage]:
     """A proxy whose only stage is metrics; /metrics serves that stage's registry."""
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         ["--listen", f"unix://{listen}", "--upstream", f"unix://{upstream}", *args], environ={}
     )
     registry = CollectorRegistry()
     stage = MetricsStage(registry)
-    proxy = serve.ProxyServer(ns, stages=[stage])
+    proxy = serve.ProxyServer(settings, stages=[stage])
     stage._upstream = proxy.upstream
     stage._csi_info_path = metrics.csi_info_path(proxy.registry)
     register_process_metrics(registry, proxy.upstream)
@@ -257,7 +257,7 @@ async def test_driver_name_is_learned_from_get_plugin_info_on_the_wire(plugin):
     scripted.answer(CREATE, b"")
     registry = CollectorRegistry()
     stage = MetricsStage(registry)  # no upstream: it cannot ask, only listen
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         [
             "--listen",
             f"unix://{listen}",
@@ -268,7 +268,7 @@ async def test_driver_name_is_learned_from_get_plugin_info_on_the_wire(plugin):
         ],
         environ={},
     )
-    proxy = serve.ProxyServer(ns, stages=[stage])
+    proxy = serve.ProxyServer(settings, stages=[stage])
     await proxy.start()
     try:
         async with channel(listen) as ch:
@@ -427,11 +427,12 @@ def test_series_are_resolved_once_per_method_and_code():
 
 
 def test_disabled_by_option_builds_nothing():
-    ns = serve.parse_args(["--disable-metrics"], environ={})
     runtime = Runtime(Registry(), upstream=None, logger=Logger(io.StringIO()), metrics=None)
-    assert metrics.build(ns, runtime) is None
-    ns = serve.parse_args([], environ={"PLUGPROXY_DISABLE_METRICS": "true"})
-    assert metrics.build(ns, runtime) is None
+    assert metrics.build(metrics.MetricsSettings(disable_metrics=True), runtime) is None
+    settings = serve.parse_settings(["--disable-metrics"], environ={})
+    assert metrics.build(settings.stages.metrics, runtime) is None
+    settings = serve.parse_settings([], environ={"PLUGPROXY_DISABLE_METRICS": "true"})
+    assert metrics.build(settings.stages.metrics, runtime) is None
 
 
 async def test_a_fresh_proxy_exposes_what_the_alerts_compare_and_no_created_samples(plugin):

@@ -40,12 +40,12 @@ async def start(stage: SerializeStage, call: Call) -> None:
 
 
 def build(*args: str) -> tuple[SerializeStage | None, CollectorRegistry]:
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         ["--listen", "unix:///tmp/l.sock", "--upstream", "unix:///tmp/u.sock", *args], {}
     )
     metrics = CollectorRegistry()
     runtime = Runtime(registry=REG, upstream=None, logger=Logger(io.StringIO()), metrics=metrics)
-    stage = serialize.build(ns, runtime)
+    stage = serialize.build(settings.stages.serialization, runtime)
     if stage is not None:
         for info in REG.methods():
             stage.wants(info)

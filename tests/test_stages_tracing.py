@@ -18,6 +18,7 @@ from plugproxy.api import Call, LazyMessage, Reject, Stage
 from plugproxy.core.endpoints import ConfigError
 from plugproxy.fakes.collector import TraceCollector, start_collector
 from plugproxy.spec import redact
+from plugproxy.spec.redact import RedactSettings
 from plugproxy.spec.registry import Registry, load_spec
 from plugproxy.stages import tracing
 from plugproxy.stages.tracing import TracingStage, build_from_env, sampler_from_env
@@ -331,9 +332,9 @@ def test_build_reads_the_process_environment(monkeypatch):
         upstream = Upstream()
         registry = Registry(["csi.v1"])
 
-    assert tracing.build(None, Runtime()) is None  # type: ignore[arg-type]
+    assert tracing.build(RedactSettings(), Runtime()) is None  # type: ignore[arg-type]
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
-    stage = tracing.build(None, Runtime())  # type: ignore[arg-type]
+    stage = tracing.build(RedactSettings(), Runtime())  # type: ignore[arg-type]
     assert isinstance(stage, TracingStage)
     asyncio.run(stage.shutdown())
 

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from plugproxy.api import Call, LazyMessage, Runtime
 from plugproxy.cli import report
 from plugproxy.cli.main import main
-from plugproxy.cli.serve import parse_args
+from plugproxy.cli.serve import parse_args, parse_settings
 from plugproxy.core.endpoints import ConfigError
 from plugproxy.core.log import Logger
 from plugproxy.core.sampling import picked_indices
@@ -184,9 +184,10 @@ async def test_per_rule_override_beats_the_global_mode(recorder):
 
 def test_off_builds_no_stage_unless_a_rule_is_switched_on():
     argv = ["--listen", "unix:///tmp/a.sock", "--upstream", "unix:///tmp/b.sock"]
-    ns = parse_args([*argv, "--validation", "off"], environ={})
     runtime = Runtime(Registry(), upstream=None, logger=Logger(io.StringIO()), metrics=None)
-    assert validate.build(ns, runtime) is None
+    assert validate.build(validate.ValidateSettings(validation="off"), runtime) is None
+    settings = parse_settings([*argv, "--validation", "off"], environ={})
+    assert validate.build(settings.stages.validation, runtime) is None
     ns = parse_args(
         argv,
         environ={
@@ -213,18 +214,19 @@ def test_max_remembered_objects_bounds_each_memory_from_the_flag_or_its_environm
         ([], {"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "9"}, 9),
         (["--max-remembered-objects", "7"], {"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "9"}, 7),
     ):
-        stage = validate.build(parse_args([*argv, *extra], environ=environ), runtime)
+        settings = parse_settings([*argv, *extra], environ=environ)
+        stage = validate.build(settings.stages.validation, runtime)
         assert isinstance(stage, ValidateStage) and stage.max_objects == bound
         state = stage._plans[create].state
         assert state.max_volumes == bound and state.volumes.maxsize == bound
         assert state.creates.maxsize == bound
     assert MAX_OBJECTS == 10_000  # docs/performance.md measures this default
-    ns = parse_args(argv, environ={"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "0"})
+    settings = parse_settings(argv, environ={"PLUGPROXY_MAX_REMEMBERED_OBJECTS": "0"})
     with pytest.raises(ConfigError, match=r"^PLUGPROXY_MAX_REMEMBERED_OBJECTS must be at least 1"):
-        validate.build(ns, runtime)
-    ns = parse_args([*argv, "--max-remembered-objects", "-1"], environ={})
+        validate.build(settings.stages.validation, runtime)
+    settings = parse_settings([*argv, "--max-remembered-objects", "-1"], environ={})
     with pytest.raises(ConfigError, match=r"^--max-remembered-objects must be at least 1"):
-        validate.build(ns, runtime)
+        validate.build(settings.stages.validation, runtime)
 
 
 async def test_a_proxy_remembers_at_most_max_remembered_objects_per_memory(tmp_path):

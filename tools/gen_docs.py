@@ -163,7 +163,7 @@ def metric_definitions() -> list[tuple[str, str, str, tuple[str, ...]]]:
 
     async def build() -> list[tuple[str, str, str, tuple[str, ...]]]:
         with tempfile.TemporaryDirectory() as tmp:
-            ns = serve.parse_args(
+            settings = serve.parse_settings(
                 [
                     "--listen",
                     f"unix://{tmp}/listen.sock",
@@ -174,7 +174,7 @@ def metric_definitions() -> list[tuple[str, str, str, tuple[str, ...]]]:
                 ],
                 environ={},
             )
-            server = serve.ProxyServer(ns)
+            server = serve.ProxyServer(settings)
             try:
                 return _read_registry(server.metrics)
             finally:

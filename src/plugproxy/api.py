@@ -537,7 +537,7 @@ ReadinessCheck = Callable[[], tuple[bool, str]]
 
 @dataclass(eq=False)
 class Runtime:
-    """What a stage's ``build(ns, runtime)`` may use: shared services of one proxy."""
+    """What a stage's ``build(settings, runtime)`` may use: shared services of one proxy."""
 
     registry: Any  # plugproxy.spec.registry.Registry
     upstream: UpstreamView

@@ -17,7 +17,6 @@ May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.stages`
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -25,23 +24,46 @@ from typing import Any
 
 from plugproxy.api import Call, LazyMessage, MethodInfo, Reject, Stage, StatusCode
 from plugproxy.core.log import Logger
-from plugproxy.core.options import Option
+from plugproxy.core.options import Option, group
 from plugproxy.stages import calllog, metrics, serialize, tracing_env, validate
+from plugproxy.stages.calllog import CallLogSettings
+from plugproxy.stages.metrics import MetricsSettings
+from plugproxy.stages.serialize import SerializeSettings
+from plugproxy.stages.tracing_env import TracingSettings
+from plugproxy.stages.validate import ValidateSettings
 
-# The stage modules in pipeline order. Each defines OPTIONS and build(ns, runtime);
-# tracing_env builds plugproxy.stages.tracing, importing the SDK only when tracing is on.
-STAGE_MODULES: tuple[ModuleType, ...] = (tracing_env, metrics, calllog, validate, serialize)
+# The stage modules in pipeline order, each with the field of StageSettings it is built
+# from: a module defines OPTIONS and build(settings, runtime). tracing_env builds
+# plugproxy.stages.tracing, importing the SDK only when tracing is on.
+STAGE_MODULES: tuple[tuple[ModuleType, str], ...] = (
+    (tracing_env, "tracing"),
+    (metrics, "metrics"),
+    (calllog, "call_log"),
+    (validate, "validation"),
+    (serialize, "serialization"),
+)
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """Every stage's settings, made once where flags and environment are parsed."""
+
+    tracing: TracingSettings = group(TracingSettings)
+    metrics: MetricsSettings = group(MetricsSettings)
+    call_log: CallLogSettings = group(CallLogSettings)
+    validation: ValidateSettings = group(ValidateSettings)
+    serialization: SerializeSettings = group(SerializeSettings)
 
 
 def stage_options() -> list[Option]:
-    return [opt for module in STAGE_MODULES for opt in module.OPTIONS]
+    return [opt for module, _ in STAGE_MODULES for opt in module.OPTIONS]
 
 
-def build_stages(ns: argparse.Namespace, runtime: Any) -> list[Stage]:
+def build_stages(settings: StageSettings, runtime: Any) -> list[Stage]:
     """Instantiate the enabled stages, in order; a module returns None when disabled."""
     stages: list[Stage] = []
-    for module in STAGE_MODULES:
-        stage = module.build(ns, runtime)
+    for module, name in STAGE_MODULES:
+        stage = module.build(getattr(settings, name), runtime)
         if stage is not None:
             stages.append(stage)
     return stages

@@ -272,7 +272,7 @@ async def test_no_canary_escapes(spec, tmp_path, capfd, monkeypatch):
             if stage.name == "tracing":
                 stage.provider.add_span_processor(SimpleSpanProcessor(memory))  # type: ignore[attr-defined]
 
-    red = redact.from_namespace(proxy.ns, [spec])
+    red = redact.from_settings(proxy.settings.stages.call_log.redaction, [spec])
     generated = Generated()
     error_messages: list[str] = []
     sent = 0

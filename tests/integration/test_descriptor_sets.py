@@ -95,7 +95,9 @@ async def test_calls_are_decoded_judged_and_never_leak_a_secret(tmp_path, capfd,
     for stage in proxy.stages:
         if stage.name == "tracing":
             stage.provider.add_span_processor(SimpleSpanProcessor(memory))  # type: ignore[attr-defined]
-    red = redact.from_namespace(proxy.ns, proxy.registry.specs.values())
+    red = redact.from_settings(
+        proxy.settings.stages.call_log.redaction, proxy.registry.specs.values()
+    )
     canaries: set[str] = set()
     plain: set[str] = set()
     put_m, get_m, list_m = (_method(proxy, p) for p in (PUT, GET, LIST))

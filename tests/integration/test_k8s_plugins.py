@@ -213,7 +213,7 @@ async def _tcp_proxy(tmp_path: Path, *extra: str) -> tuple[Any, Any, str]:
         "deviceplugin.v1beta1", f"unix://{plugin_sock}", FakeKnobs(stream_period=0.001)
     )
     port = _free_port()
-    ns = serve.parse_args(
+    settings = serve.parse_settings(
         [
             *("--listen", f"tcp://127.0.0.1:{port}", "--upstream", f"unix://{plugin_sock}"),
             *("--insecure-tcp", "--relay", "grpc", "--admin-listen", "off"),
@@ -221,7 +221,7 @@ async def _tcp_proxy(tmp_path: Path, *extra: str) -> tuple[Any, Any, str]:
         ],
         environ={},
     )
-    proxy = serve.ProxyServer(ns)
+    proxy = serve.ProxyServer(settings)
     await proxy.start()
     return fake, proxy, f"127.0.0.1:{port}"
 

@@ -52,7 +52,9 @@ class Bridge:
 
 async def start_side(argv: list[str]) -> tuple[serve.ProxyServer, Lines]:
     lines = Lines()
-    proxy = serve.ProxyServer(serve.parse_args(argv, environ={}), logger=Logger(lines), stages=[])
+    proxy = serve.ProxyServer(
+        serve.parse_settings(argv, environ={}), logger=Logger(lines), stages=[]
+    )
     await proxy.start()
     return proxy, lines
 

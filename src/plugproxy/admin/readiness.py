@@ -18,40 +18,44 @@ then on. A plugin answering none of them (COSI has no Probe) is ready when reach
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from plugproxy.api import StatusCode, UpstreamError, UpstreamState, UpstreamView
 from plugproxy.core.memory import ExpiringMap
-from plugproxy.core.options import Option, duration
+from plugproxy.core.options import Option, duration, options_of, setting
 from plugproxy.spec.registry import load_spec
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class ReadinessSettings:
+    readiness_probe: str = setting(
         "--readiness-probe",
         "also call the plugin's Probe for /readyz (auto) or only check the connection (off)",
         default="auto",
         choices=("auto", "off"),
-    ),
-    Option(
+    )
+    readiness_probe_timeout: float = setting(
         "--readiness-probe-timeout",
         "how long /readyz waits for the plugin's Probe",
         default=3.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    readiness_cache_ttl: float = setting(
         "--readiness-cache-ttl",
         "how long a Probe result answers /readyz before the plugin is asked again",
         default=2.0,
         type=duration,
         metavar="DURATION",
-    ),
-]
+    )
+
+
+OPTIONS: list[Option] = options_of(ReadinessSettings)
 
 PROBE_ORDER: tuple[str, ...] = ("csi.v1", "cmi.v1", "csi.v0")
 _NO_PROBE = ""  # remembered when the plugin answers no Probe at all
@@ -151,19 +155,19 @@ def _judge(spec: str, raw: bytes) -> tuple[bool, str]:
     return True, "plugin Probe ready"
 
 
-def from_namespace(
-    ns: argparse.Namespace,
+def from_settings(
+    settings: ReadinessSettings,
     upstream: UpstreamView,
     specs: Iterable[str],
     loop: asyncio.AbstractEventLoop,
 ) -> ProbeReadiness | None:
     """The configured readiness check, or None with ``--readiness-probe off``."""
-    if getattr(ns, "readiness_probe", "auto") == "off":
+    if settings.readiness_probe == "off":
         return None
     return ProbeReadiness(
         upstream,
         specs,
         loop,
-        timeout=getattr(ns, "readiness_probe_timeout", 3.0),
-        ttl=getattr(ns, "readiness_cache_ttl", 2.0),
+        timeout=settings.readiness_probe_timeout,
+        ttl=settings.readiness_cache_ttl,
     )

@@ -328,7 +328,7 @@ async def run(ns: argparse.Namespace) -> int:
         traced = await _start_tracing() if ns.trace else None
         provider = traced.plugin_provider if traced is not None else None
         fake = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}", tracer_provider=provider)
-        proxy_ns = serve.parse_args(
+        proxy_settings = serve.parse_settings(
             [
                 *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
                 *("--admin-listen", "127.0.0.1:0", "--log-payloads", "--log-format", "text"),
@@ -337,7 +337,7 @@ async def run(ns: argparse.Namespace) -> int:
         )
         log = Tee(echo=ns.proxy_log == "stderr")
         with traced.proxy_environment() if traced is not None else contextlib.nullcontext():
-            proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
+            proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
         await proxy.start()
         await proxy.upstream.wait_ready(5)
         assert proxy.admin is not None

@@ -158,7 +158,7 @@ async def run(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/driver.sock", f"{tmp}/cosi.sock"
         fake = await start_fake_plugin(SPEC, f"unix://{plugin_sock}")
-        proxy_ns = serve.parse_args(
+        proxy_settings = serve.parse_settings(
             [
                 *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
                 *("--admin-listen", "127.0.0.1:0", "--log-payloads", "--log-format", "text"),
@@ -166,7 +166,7 @@ async def run(ns: argparse.Namespace) -> int:
             environ={},
         )
         log = Tee(echo=ns.proxy_log == "stderr")
-        proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
+        proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
         await proxy.start()
         await proxy.upstream.wait_ready(5)
         assert proxy.admin is not None

@@ -245,7 +245,7 @@ async def run(spec: str, ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/proxy.sock"
         fake = await start_fake_plugin(spec, f"unix://{plugin_sock}", FakeKnobs(stream_period=0.05))
-        proxy_ns = serve.parse_args(
+        proxy_settings = serve.parse_settings(
             [
                 *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
                 # A DRA socket serves two DRAPlugin versions and the health service:
@@ -257,7 +257,7 @@ async def run(spec: str, ns: argparse.Namespace) -> int:
             environ={},
         )
         log = Tee(echo=ns.proxy_log == "stderr")
-        proxy = serve.ProxyServer(proxy_ns, logger=Logger(log, fmt="text"))
+        proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
         await proxy.start()
         await proxy.upstream.wait_ready(5)
         assert proxy.admin is not None

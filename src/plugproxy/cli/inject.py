@@ -51,8 +51,9 @@ from ruamel.yaml.error import YAMLError
 
 from plugproxy import __version__
 from plugproxy.cli import serve
+from plugproxy.cli.flags import add_options
 from plugproxy.core.endpoints import ConfigError
-from plugproxy.core.options import add_options, duration
+from plugproxy.core.options import duration
 from plugproxy.spec.registry import SPEC_NAMES
 from plugproxy.stages.validate import MODES, OFF
 

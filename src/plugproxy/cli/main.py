@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from plugproxy import __version__, build
+from plugproxy.cli.flags import DefaultsHelpFormatter, OneLineParser
 from plugproxy.core.endpoints import ConfigError
-from plugproxy.core.options import DefaultsHelpFormatter, OneLineParser
 
 DESCRIPTION = (
     "A spec-aware gRPC sidecar for Kubernetes plugins: CSI (volumes), COSI (buckets) and CMI"

@@ -15,21 +15,26 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from plugproxy import __version__, pipeline
 from plugproxy.admin import readiness
 from plugproxy.admin import server as admin
+from plugproxy.admin.readiness import ReadinessSettings
 from plugproxy.api import AdminHandler, Runtime, Stage, UpstreamState
+from plugproxy.cli.flags import OneLineParser, add_options, settings_from
 from plugproxy.core.endpoints import ConfigError, Endpoint, Scheme, parse_endpoint
 from plugproxy.core.log import LEVELS, Logger
 from plugproxy.core.options import (
     SIZE_HELP,
-    OneLineParser,
     Option,
-    add_options,
+    Origins,
     byte_size,
     duration,
+    group,
     octal_mode,
-    value_source,
+    options_of,
+    setting,
 )
 from plugproxy.net import transport
 from plugproxy.net.sockets import ListenSocket, restrict_socket
+from plugproxy.net.transport import TransportSettings
+from plugproxy.pipeline import StageSettings
 from plugproxy.relay.framerelay import FrameRelay
 from plugproxy.relay.upstream import Upstream
 from plugproxy.spec.registry import SPEC_ALIASES, SPEC_NAMES, Registry, canonical_spec
@@ -49,90 +54,98 @@ STOP_NOW_WAIT = 3.0
 # them (--relay grpc, tls://): a proxy runs beside every plugin on every node, and grpc
 # alone was a quarter of its resident memory.
 
-CORE_OPTIONS: list[Option] = [
-    Option("--listen", "where COs connect: unix:///path, tcp://host:port or tls://host:port"),
-    Option("--upstream", "the plugin: unix:///path, tcp://host:port or tls://host:port"),
-    Option(
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything `plugproxy serve` is configured with: its own options, and its parts'."""
+
+    listen: str | None = setting(
+        "--listen", "where COs connect: unix:///path, tcp://host:port or tls://host:port"
+    )
+    upstream: str | None = setting(
+        "--upstream", "the plugin: unix:///path, tcp://host:port or tls://host:port"
+    )
+    spec: str = setting(
         "--spec",
         "which spec to decode calls with; auto picks by each method's package",
         default="auto",
         choices=("auto", *SPEC_NAMES, *SPEC_ALIASES),
-    ),
-    Option(
+    )
+    descriptor_set: tuple[str, ...] = setting(
         "--descriptor-set",
         "also decode, judge and redact the services of this binary FileDescriptorSet (protoc "
         "--include_imports --descriptor_set_out, or buf build -o); see docs/any-plugin.md",
         default=[],
         repeatable=True,
         metavar="FILE",
-    ),
-    Option(
+    )
+    max_message_bytes: int = setting(
         "--max-message-bytes",
         f"largest message accepted in either direction ({SIZE_HELP})",
         default=16 * 1024 * 1024,
         type=byte_size,
         metavar="SIZE",
-    ),
-    Option(
+    )
+    socket_mode: int = setting(
         "--socket-mode",
         "file mode of the UNIX listen socket",
         default=0o660,
         type=octal_mode,
         metavar="MODE",
-    ),
-    Option(
+    )
+    shutdown_grace: float = setting(
         "--shutdown-grace",
         "on SIGTERM/SIGINT, how long calls in flight may take to finish (a second signal "
         "ends them at once)",
         default=30.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    max_concurrent_calls: int = setting(
         "--max-concurrent-calls",
         "calls in flight beyond this get RESOURCE_EXHAUSTED instead of exhausting memory",
         default=10000,
         type=int,
         metavar="N",
-    ),
-    Option(
+    )
+    plugin_wait: float = setting(
         "--plugin-wait",
         "how long a call may wait for a plugin that cannot be reached (at most its own "
         "deadline), so sidecars started before the plugin come up; 0 fails such calls at once",
         default=60.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    listen_when: str = setting(
         "--listen-when",
         "when the listen socket is created: plugin-up (once the plugin has answered for the "
         "first time, then kept; sidecars started before the plugin wait for the socket as "
         "they would for the plugin's own) or start (at once; calls wait per --plugin-wait)",
         default="plugin-up",
         choices=("plugin-up", "start"),
-    ),
-    Option(
+    )
+    listen_wait: float = setting(
         "--listen-wait",
         "when another process listens on the UNIX listen path, wait this long for it to "
         "leave (a rolling update's old proxy draining) before refusing; 0 refuses at once",
         default=0.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    admin_listen: str = setting(
         "--admin-listen",
         "admin HTTP server for /healthz, /readyz, /metrics and /violations (HOST:PORT or off)",
         default="127.0.0.1:9808",
         metavar="HOST:PORT",
-    ),
-    Option(
+    )
+    relay: str = setting(
         "--relay",
         "how calls are relayed: frames (HTTP/2 frame relay, plaintext sockets only), grpc "
         "(a gRPC server and client; needed for tls://), auto (frames unless TLS is used)",
         default="auto",
         choices=("auto", "frames", "grpc"),
-    ),
-    Option(
+    )
+    event_loop: str = setting(
         "--event-loop",
         "the event loop: asyncio (the standard library's), uvloop (libuv), auto (uvloop "
         "where it is installed, else asyncio); see docs/performance.md for the choice",
@@ -140,10 +153,20 @@ CORE_OPTIONS: list[Option] = [
         # measured no faster here and costs 2.4 MiB of resident memory on every node.
         default="asyncio",
         choices=("auto", "asyncio", "uvloop"),
-    ),
-    Option("--log-format", "log line format", default="json", choices=("json", "text")),
-    Option("--log-level", "lowest level logged", default="info", choices=tuple(LEVELS)),
-]
+    )
+    log_format: str = setting(
+        "--log-format", "log line format", default="json", choices=("json", "text")
+    )
+    log_level: str = setting(
+        "--log-level", "lowest level logged", default="info", choices=tuple(LEVELS)
+    )
+    transport: TransportSettings = group(TransportSettings)
+    readiness: ReadinessSettings = group(ReadinessSettings)
+    stages: StageSettings = group(StageSettings)
+    origins: Origins = field(default_factory=Origins)  # what an error calls a setting
+
+
+CORE_OPTIONS: list[Option] = options_of(ServeSettings)
 
 
 def loop_factory(ns: argparse.Namespace) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -174,15 +197,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """Parse `serve` arguments on their own (tests and the demo build proxies this way)."""
+    """Parse `serve` arguments on their own."""
     parser = OneLineParser(prog="plugproxy serve")
     add_options(parser, all_options(), environ)
     return parser.parse_args(list(argv))
 
 
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> ServeSettings:
+    """`serve` arguments, with their environment twins, as settings (the demos and tests
+    build proxies this way)."""
+    return settings_from(ServeSettings, parse_args(argv, environ))
+
+
 @dataclass
-class Settings:
-    """Checked settings; building this is where misconfiguration fails fast."""
+class Resolved:
+    """What the settings resolve to; building this is where misconfiguration fails fast."""
 
     listen: Endpoint
     upstream: Endpoint
@@ -192,27 +221,28 @@ class Settings:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def check_settings(ns: argparse.Namespace) -> Settings:
-    if not ns.listen:
+def resolve(settings: ServeSettings) -> Resolved:
+    names = settings.origins
+    if not settings.listen:
         raise ConfigError("--listen is required (or PLUGPROXY_LISTEN)")
-    if not ns.upstream:
+    if not settings.upstream:
         raise ConfigError("--upstream is required (or PLUGPROXY_UPSTREAM)")
-    listen = parse_endpoint(ns.listen, value_source(ns, "--listen"))
-    upstream = parse_endpoint(ns.upstream, value_source(ns, "--upstream"))
+    listen = parse_endpoint(settings.listen, names.name("--listen"))
+    upstream = parse_endpoint(settings.upstream, names.name("--upstream"))
     if listen.is_unix and upstream.is_unix and listen.path == upstream.path:
         raise ConfigError(f"--listen and --upstream are the same socket {listen.path}")
-    if ns.max_concurrent_calls <= 0:
+    if settings.max_concurrent_calls <= 0:
         raise ConfigError("--max-concurrent-calls must be positive")
-    transport.check(ns, listen, upstream)
-    specs = SPEC_NAMES if ns.spec == "auto" else (canonical_spec(ns.spec),)
+    transport.check(settings.transport, listen, upstream)
+    specs = SPEC_NAMES if settings.spec == "auto" else (canonical_spec(settings.spec),)
     uses_tls = Scheme.TLS in (listen.scheme, upstream.scheme)
-    relay = getattr(ns, "relay", "auto")
+    relay = settings.relay
     if relay == "frames" and uses_tls:
         raise ConfigError("--relay frames relays plaintext sockets only; tls:// needs --relay grpc")
     if relay == "auto":
         relay = "grpc" if uses_tls else "frames"
-    admin_at = admin.parse_admin_listen(ns.admin_listen, value_source(ns, "--admin-listen"))
-    return Settings(listen, upstream, specs, admin_at, relay)
+    admin_at = admin.parse_admin_listen(settings.admin_listen, names.name("--admin-listen"))
+    return Resolved(listen, upstream, specs, admin_at, relay)
 
 
 class ProxyServer:
@@ -220,35 +250,43 @@ class ProxyServer:
 
     def __init__(
         self,
-        ns: argparse.Namespace,
+        settings: ServeSettings,
         logger: Logger | None = None,
         stages: list[Stage] | None = None,
     ) -> None:
-        self.ns = ns
-        self.settings = check_settings(ns)
-        self.logger = logger or Logger(fmt=ns.log_format, level=ns.log_level)
+        self.settings = settings
+        self.resolved = resolve(settings)
+        self.logger = logger or Logger(fmt=settings.log_format, level=settings.log_level)
+        serialization = settings.stages.serialization
         self.registry = Registry(
-            self.settings.specs,
-            getattr(ns, "descriptor_set", None) or (),
-            getattr(ns, "serialize_key", None) or (),
+            self.resolved.specs,
+            settings.descriptor_set,
+            serialization.serialize_key,
             sources={
-                flag: value_source(ns, flag) for flag in ("--descriptor-set", "--serialize-key")
+                flag: settings.origins.name(flag)
+                for flag in ("--descriptor-set", "--serialize-key")
             },
             # A bundled spec costs its pool, rule tables and plans only once a call uses it.
             lazy=True,
         )
         self.transport = transport.Transport(
-            ns, self.settings.listen, self.settings.upstream, self.logger
+            settings.transport,
+            self.resolved.listen,
+            self.resolved.upstream,
+            self.logger,
+            settings.socket_mode,
         )
-        if self.settings.relay == "frames":
-            self.upstream = Upstream(self.settings.upstream, self.logger, ns.max_message_bytes)
+        if self.resolved.relay == "frames":
+            self.upstream = Upstream(
+                self.resolved.upstream, self.logger, settings.max_message_bytes
+            )
         else:
             from plugproxy.relay.grpcrelay import GrpcUpstream  # noqa: PLC0415
 
             self.upstream = GrpcUpstream(
-                self.settings.upstream,
+                self.resolved.upstream,
                 self.logger,
-                ns.max_message_bytes,
+                settings.max_message_bytes,
                 extra_options=self.transport.channel_options(),
                 channel_factory=self.transport.make_channel,
             )
@@ -258,8 +296,8 @@ class ProxyServer:
         # A tls:// endpoint: grpc's handshake failures become log lines and hints (run()
         # routes standard error through it; an in-process server only gets the hints).
         self.tls_diagnostics: TlsDiagnostics | None = None
-        upstream_url = self.settings.upstream
-        listen_tls = self.settings.listen.scheme is Scheme.TLS
+        upstream_url = self.resolved.upstream
+        listen_tls = self.resolved.listen.scheme is Scheme.TLS
         if listen_tls or upstream_url.scheme is Scheme.TLS:
             from plugproxy.net.tlslog import TlsDiagnostics  # noqa: PLC0415
 
@@ -277,31 +315,31 @@ class ProxyServer:
         register_process_metrics(self.metrics, self.upstream)
         # `stages` replaces the configured pipeline (embedding and tests of the seam itself).
         self.stages: list[Stage] = (
-            stages if stages is not None else pipeline.build_stages(ns, self.runtime)
+            stages if stages is not None else pipeline.build_stages(settings.stages, self.runtime)
         )
         self.proxy: GrpcRelay | None = None
         self.relay: FrameRelay | None = None
-        if self.settings.relay == "frames":
+        if self.resolved.relay == "frames":
             self.relay = FrameRelay(
                 self.registry,
                 self.upstream,
                 self.stages,
                 self.logger,
-                max_message_bytes=ns.max_message_bytes,
-                max_concurrent_calls=ns.max_concurrent_calls,
-                plugin_wait=ns.plugin_wait,
+                max_message_bytes=settings.max_message_bytes,
+                max_concurrent_calls=settings.max_concurrent_calls,
+                plugin_wait=settings.plugin_wait,
             )
         else:
             from plugproxy.relay.grpcrelay import GrpcRelay, GrpcUpstream  # noqa: PLC0415
 
             assert isinstance(self.upstream, GrpcUpstream)
             self.proxy = GrpcRelay(
-                self.registry, self.upstream, self.stages, self.logger, ns.plugin_wait
+                self.registry, self.upstream, self.stages, self.logger, settings.plugin_wait
             )
         self.server: grpc.aio.Server | None = None
         self.admin: admin.AdminServer | None = None
         self.port = 0
-        listen = self.settings.listen
+        listen = self.resolved.listen
         self.socket = ListenSocket(listen.path) if listen.is_unix else None
         self.listening = False
         self.stopping = False
@@ -313,7 +351,7 @@ class ProxyServer:
         return False, f"upstream {self.upstream.address}: {self.upstream.reason}"
 
     def _listen_ready(self) -> tuple[bool, str]:
-        where = self.settings.listen.url
+        where = self.resolved.listen.url
         if self.stopping:
             return False, "shutting down: no longer accepting calls"
         if self.socket is not None and self.socket.waiting_for_holder:
@@ -343,11 +381,11 @@ class ProxyServer:
         # A missing directory, a file in the way or a live listener fails now, not once the
         # plugin is up; the path is claimed again when the socket is made.
         await self._claim_path()
-        if self.ns.listen_when == "plugin-up":
+        if self.settings.listen_when == "plugin-up":
             if self.upstream.state is not UpstreamState.UP:
                 self.logger.info(
                     "waiting for the plugin before listening",
-                    listen=self.settings.listen.url,
+                    listen=self.resolved.listen.url,
                     upstream=self.upstream.address,
                 )
             await self.upstream.wait_ready(None)
@@ -355,68 +393,69 @@ class ProxyServer:
         self.logger.info(
             "plugproxy listening",
             version=__version__,
-            listen=self.settings.listen.url,
+            listen=self.resolved.listen.url,
             upstream=self.upstream.address,
             stages=[s.name for s in self.stages],
-            relay=self.settings.relay,
+            relay=self.resolved.relay,
             event_loop=type(asyncio.get_running_loop()).__module__.split(".", 1)[0],
-            admin=f"{self.settings.admin[0]}:{self.admin.port}"
-            if self.admin and self.settings.admin
+            admin=f"{self.resolved.admin[0]}:{self.admin.port}"
+            if self.admin and self.resolved.admin
             else "off",
         )
 
     async def _claim_path(self) -> None:
         if self.socket is not None:
             await self.socket.claim(
-                self.ns.listen_wait,
+                self.settings.listen_wait,
                 on_busy=lambda: self.logger.warning(
                     "another process listens on the listen path; waiting for it to leave",
-                    listen=self.settings.listen.url,
-                    wait_seconds=self.ns.listen_wait,
+                    listen=self.resolved.listen.url,
+                    wait_seconds=self.settings.listen_wait,
                 ),
             )
 
     async def _listen(self) -> None:
-        listen = self.settings.listen
+        listen = self.resolved.listen
         await self._claim_path()
         if self.relay is not None:
             try:
-                self.port = await self.relay.listen(listen, self.ns.socket_mode)
+                self.port = await self.relay.listen(listen, self.settings.socket_mode)
             except OSError as exc:
                 raise ConfigError(f"cannot listen on {listen.url}: {exc.strerror or exc}") from None
         else:
             await self._start_grpc_server()
         self.transport.start()
         if self.socket is not None:
-            restrict_socket(listen.path, self.ns.socket_mode)
+            restrict_socket(listen.path, self.settings.socket_mode)
             self.socket.bound()
         self.listening = True
 
     def _start_admin(self) -> None:
         diagnostics = self.tls_diagnostics
-        if diagnostics is not None and self.settings.upstream.scheme is Scheme.TLS:
+        paths = self.transport.paths
+        if diagnostics is not None and paths and self.resolved.upstream.scheme is Scheme.TLS:
             from plugproxy.net.tlslog import UpstreamTls  # noqa: PLC0415
 
-            up = self.settings.upstream
+            up = self.resolved.upstream
             diagnostics.watch_upstream(
                 UpstreamTls(
                     up.host,
                     up.port,
-                    self.ns.tls_server_name or up.host,
-                    self.ns.tls_ca,
-                    self.ns.tls_cert,
-                    self.ns.tls_key,
+                    self.settings.transport.tls_server_name or up.host,
+                    paths.ca,
+                    paths.cert,
+                    paths.key,
                 ),
                 lambda: self.upstream.state is not UpstreamState.UP,
             )
-        probe = readiness.from_namespace(
-            self.ns, self.upstream, self.registry.specs, asyncio.get_running_loop()
+        probe = readiness.from_settings(
+            self.settings.readiness, self.upstream, self.registry.specs, asyncio.get_running_loop()
         )
         if probe is not None:
             self.runtime.readiness_checks.append(probe.check)
         routes = self.admin_routes()
-        if self.settings.admin is not None:
-            host, port = self.settings.admin
+        if self.resolved.admin is not None:
+            host, port = self.resolved.admin
             self.admin = admin.AdminServer(host, port, routes, self.logger)
             self.admin.start()
 
@@ -434,7 +473,7 @@ class ProxyServer:
     async def _start_grpc_server(self) -> None:
         import grpc  # noqa: PLC0415
 
-        size = self.ns.max_message_bytes
+        size = self.settings.max_message_bytes
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", size),
@@ -443,7 +482,7 @@ class ProxyServer:
                 *self.transport.server_options(),
             ],
             interceptors=self.transport.server_interceptors(),
-            maximum_concurrent_rpcs=self.ns.max_concurrent_calls,
+            maximum_concurrent_rpcs=self.settings.max_concurrent_calls,
         )
         self.server.add_generic_rpc_handlers([self.proxy])
         self.port = self.transport.add_listen_port(self.server)
@@ -469,7 +508,7 @@ class ProxyServer:
             await self.server.stop(None)  # grpc: cancel every call now
 
     async def stop(self, grace: float | None = None) -> None:
-        grace = self.ns.shutdown_grace if grace is None else grace
+        grace = self.settings.shutdown_grace if grace is None else grace
         self.stopping = True
         if self.socket is not None:
             # First, so a successor waiting on the path (--listen-wait) binds while calls in
@@ -504,7 +543,7 @@ async def run(ns: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then drain for --shutdown-grace and exit 0; a second
     signal during the drain ends the calls still in flight at once and exits 128 + its
     number (130 for a second Ctrl-C)."""
-    server = ProxyServer(ns)
+    server = ProxyServer(settings_from(ServeSettings, ns))
     loop = asyncio.get_running_loop()
     signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -542,7 +581,7 @@ async def _shut_down(
 ) -> int:
     """Drain after the first signal, saying how many calls are in flight and what a second
     signal does; stop at once on a second one. The exit status."""
-    grace = float(server.ns.shutdown_grace)
+    grace = float(server.settings.shutdown_grace)
     server.logger.info(
         "shutting down",
         signal=received.name,

@@ -1,51 +1,25 @@
-"""Command-line options with environment twins, declared by the module that uses them.
+"""Settings, and the command-line options that set them, declared by the module they configure.
 
-Every ``--some-flag`` can also be set as ``PLUGPROXY_SOME_FLAG``; a flag on the command
-line wins over its environment twin. Repeatable flags take a comma-separated list in the
-environment. The CLI and the generated configuration reference both read these tables.
+A configurable module declares a frozen dataclass of its settings. Each field made by
+:func:`setting` is also a ``--some-flag`` with an environment twin ``PLUGPROXY_SOME_FLAG``:
+a flag on the command line wins over its twin, and repeatable flags take a comma-separated
+list in the environment. The CLI layer (:mod:`plugproxy.cli.flags`) turns flags and
+environment into these objects once; what runs below it is built from them, and tests build
+them directly. The generated configuration reference reads the same declarations.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
-
-from plugproxy.core.endpoints import ConfigError
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 ENV_PREFIX = "PLUGPROXY_"
-ENV_VALUES = "_values_from_env"  # namespace attribute: {flag: (variable, value it gave)}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Misconfiguration is reported in one line, with a non-zero exit."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"plugproxy: error: {message}\n")
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """--help that states every option's default: "(default: 30s)" after the help of an
-    option that has one (not None, false, empty) and does not say it already, written as
-    one would write it on the command line."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help
-        if not text or text == argparse.SUPPRESS or "default" in text.lower():
-            return text
-        shown = action_default(action)
-        return f"{text} (default: {shown.replace('%', '%%')})" if shown else text
-
-
-def action_default(action: argparse.Action) -> str:
-    """An option's default as one would write it on the command line; "" when it has none
-    worth saying (a switch, None, an empty value)."""
-    if not action.option_strings or action.nargs == 0:  # positionals; switches, --help
-        return ""
-    return _default_text(action.default, action.type)
+# Field metadata: the option a settings field is set by, or the settings class it holds.
+OPTION_KEY = "plugproxy.option"
+GROUP_KEY = "plugproxy.group"
 
 
 @dataclass(frozen=True)
@@ -68,99 +42,55 @@ class Option:
         return ENV_PREFIX + self.dest.upper()
 
 
-def _parse_bool(raw: str, env: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{env}={raw!r}: expected true or false (or 1/0, yes/no, on/off)")
+def setting(
+    flag: str,
+    help: str,
+    default: Any = None,
+    *,
+    type: Callable[[str], Any] = str,
+    choices: Sequence[str] | None = None,
+    repeatable: bool = False,
+    metavar: str | None = None,
+    is_switch: bool = False,
+) -> Any:
+    """A settings field that is also the option ``flag``; the field is named as the flag
+    (``--max-objects`` sets ``max_objects``). A repeatable option's value is a tuple, a
+    switch's a bool."""
+    opt = Option(flag, help, default, type, choices, repeatable, metavar, is_switch)
+    value = tuple(default or ()) if repeatable else bool(default) if is_switch else default
+    return field(default=value, metadata={OPTION_KEY: opt})
 
 
-def _convert(opt: Option, raw: str) -> Any:
-    try:
-        value = opt.type(raw)
-    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
-        raise ConfigError(f"{opt.env}={raw!r}: {exc}") from None
-    if opt.choices is not None and value not in opt.choices:
-        raise ConfigError(f"{opt.env}={raw!r}: expected one of {', '.join(opt.choices)}")
-    return value
+def group(cls: type) -> Any:
+    """A settings field holding another settings class, whose options it declares itself."""
+    return field(default_factory=cls, metadata={GROUP_KEY: cls})
 
 
-def env_default(opt: Option, environ: Mapping[str, str]) -> Any:
-    """The option's default, taken from its environment twin when that is set."""
-    raw = environ.get(opt.env)
-    if raw is None:
-        return list(opt.default or []) if opt.repeatable else opt.default
-    if opt.is_switch:
-        return _parse_bool(raw, opt.env)
-    if opt.repeatable:
-        return [_convert(opt, item.strip()) for item in raw.split(",") if item.strip()]
-    return _convert(opt, raw)
+@dataclass(frozen=True)
+class Origins:
+    """Which values the environment gave, so an error can name what the user wrote."""
+
+    variables: tuple[tuple[str, str], ...] = ()  # (flag, environment variable)
+
+    def name(self, flag: str) -> str:
+        """The variable that set ``flag``'s value, else the flag itself."""
+        for known, variable in self.variables:
+            if known == flag:
+                return variable
+        return flag
 
 
-def add_options(
-    parser: argparse.ArgumentParser,
-    options: Sequence[Option],
-    environ: Mapping[str, str] | None = None,
-) -> None:
-    env = os.environ if environ is None else environ
-    # Values the environment supplied, so errors found later can name where a value came
-    # from (see value_source).
-    from_env: dict[str, tuple[str, Any]] = {}
-    for opt in options:
-        default = env_default(opt, env)
-        if opt.env in env:
-            from_env[opt.flag] = (opt.env, default)
-        shown = shown_default(opt)
-        help_text = f"{opt.help}{f' (default: {shown})' if shown else ''} [env {opt.env}]"
-        if opt.is_switch:
-            parser.add_argument(opt.flag, action="store_true", default=default, help=help_text)
-        elif opt.repeatable:
-            # Values from the command line replace the environment's list rather than extend it.
-            parser.add_argument(
-                opt.flag,
-                action=_ReplaceThenAppend,
-                type=opt.type,
-                choices=opt.choices,
-                default=default,
-                metavar=opt.metavar,
-                help=help_text + " (repeatable)",
-            )
-        else:
-            parser.add_argument(
-                opt.flag,
-                type=opt.type,
-                choices=opt.choices,
-                default=default,
-                metavar=opt.metavar,
-                help=help_text,
-            )
-    parser.set_defaults(**{ENV_VALUES: from_env})
-
-
-def value_source(ns: argparse.Namespace, flag: str) -> str:
-    """What to call a setting in an error: its environment variable when the value in
-    ``ns`` came from there, else the flag."""
-    known: dict[str, tuple[str, Any]] = getattr(ns, ENV_VALUES, {})
-    env_name, value = known.get(flag, ("", None))
-    if env_name and getattr(ns, flag.lstrip("-").replace("-", "_"), None) == value:
-        return env_name
-    return flag
-
-
-class _ReplaceThenAppend(argparse.Action):
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        seen = f"_{self.dest}_from_cli"
-        current = getattr(namespace, self.dest) if getattr(namespace, seen, False) else []
-        setattr(namespace, seen, True)
-        setattr(namespace, self.dest, [*current, values])
+def options_of(cls: type) -> list[Option]:
+    """The options a settings class declares, in field order (its groups declare theirs)."""
+    found: list[Option] = []
+    for f in fields(cls):
+        opt = f.metadata.get(OPTION_KEY)
+        if opt is None:
+            continue
+        if opt.dest != f.name:
+            raise TypeError(f"{cls.__name__}.{f.name} is set by {opt.flag}: name it {opt.dest}")
+        found.append(opt)
+    return found
 
 
 # Size units with their true meanings, as Kubernetes quantities have them: SI multiples of
@@ -208,14 +138,14 @@ def duration(raw: str) -> float:
 
 def shown_default(opt: Option) -> str:
     """The declared default as one would write it on the command line; "" when none."""
-    return "" if opt.is_switch else _default_text(opt.default, opt.type)
+    return "" if opt.is_switch else default_text(opt.default, opt.type)
 
 
-def _default_text(value: Any, kind: Any) -> str:
+def default_text(value: Any, kind: Any) -> str:
     if value is None or value is False or value == argparse.SUPPRESS:
         return ""
     if isinstance(value, list | tuple):
-        return ",".join(_default_text(item, kind) for item in value)
+        return ",".join(default_text(item, kind) for item in value)
     if kind is duration:
         return _duration_text(float(value))
     if kind is byte_size:

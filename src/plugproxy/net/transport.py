@@ -23,75 +23,83 @@ proxy that carries it (CSI v1.12 §Security, COSI v1alpha1 §Security, CMI §Sec
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.core.endpoints import ConfigError, Endpoint, Scheme
 from plugproxy.core.log import Logger
-from plugproxy.core.options import Option, duration
+from plugproxy.core.options import Option, duration, options_of, setting
 
 if TYPE_CHECKING:
     import grpc
 
     from plugproxy.net.tlsfiles import Material, TLSPaths, Watcher
 
-OPTIONS: list[Option] = [
-    Option("--tls-ca", "PEM CA bundle the peer's certificate must chain to", metavar="FILE"),
-    Option("--tls-cert", "PEM certificate (chain) this proxy presents", metavar="FILE"),
-    Option("--tls-key", "PEM private key of --tls-cert", metavar="FILE"),
-    Option(
+
+@dataclass(frozen=True)
+class TransportSettings:
+    tls_ca: str | None = setting(
+        "--tls-ca", "PEM CA bundle the peer's certificate must chain to", metavar="FILE"
+    )
+    tls_cert: str | None = setting(
+        "--tls-cert", "PEM certificate (chain) this proxy presents", metavar="FILE"
+    )
+    tls_key: str | None = setting("--tls-key", "PEM private key of --tls-cert", metavar="FILE")
+    tls_server_name: str | None = setting(
         "--tls-server-name",
         "name the tls:// upstream's certificate must carry (default: its host)",
         metavar="NAME",
-    ),
-    Option(
+    )
+    tls_allow_identity: tuple[str, ...] = setting(
         "--tls-allow-identity",
         "client identity a tls:// listener accepts: DNS SAN, URI SAN (SPIFFE ID) or subject "
         "CN; prefix dns:, uri: or cn: to match one kind only (default: any CA-signed client)",
         repeatable=True,
         metavar="ID",
-    ),
-    Option(
+    )
+    tls_reload_interval: float = setting(
         "--tls-reload-interval",
         "how often TLS files are checked for changes (0 = never)",
         default=1.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    insecure_tcp: bool = setting(
         "--insecure-tcp",
         "allow tcp:// without TLS (calls and secrets cross the network in plaintext)",
         default=False,
         is_switch=True,
-    ),
-    Option(
+    )
+    max_connection_age: float = setting(
         "--max-connection-age",
         "a TCP client connection is asked to reconnect after this long (0 = never)",
         default=3600.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    max_connection_age_grace: float = setting(
         "--max-connection-age-grace",
         "calls in flight on an aged or replaced connection may take this long to finish",
         default=300.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    tcp_keepalive: float = setting(
         "--tcp-keepalive",
         "interval of HTTP/2 keepalive pings on TCP connections (0 = off; at least 10s)",
         default=30.0,
         type=duration,
         metavar="DURATION",
-    ),
-]
+    )
+
+
+OPTIONS: list[Option] = options_of(TransportSettings)
 
 _TLS_FLAGS = ("tls_ca", "tls_cert", "tls_key")
 
@@ -115,46 +123,49 @@ MIN_KEEPALIVE = 10.0
 _MIN_PING_INTERVAL_MS = 5000
 
 
-def _paths(ns: argparse.Namespace) -> TLSPaths:
+def _paths(settings: TransportSettings) -> TLSPaths:
     from plugproxy.net.tlsfiles import TLSPaths  # noqa: PLC0415
 
-    return TLSPaths(ns.tls_ca, ns.tls_cert, ns.tls_key)
+    ca, cert, key = settings.tls_ca, settings.tls_cert, settings.tls_key
+    if not (ca and cert and key):
+        raise ConfigError("tls:// needs --tls-ca, --tls-cert and --tls-key")
+    return TLSPaths(ca, cert, key)
 
 
-def check(ns: argparse.Namespace, listen: Endpoint, upstream: Endpoint) -> None:
+def check(settings: TransportSettings, listen: Endpoint, upstream: Endpoint) -> None:
     """Refuse transport settings that cannot work, before anything starts."""
     tls_sides = [
         f"{what} {ep}"
         for what, ep in (("--listen", listen), ("--upstream", upstream))
         if ep.scheme is Scheme.TLS
     ]
-    given = [f"--{name.replace('_', '-')}" for name in _TLS_FLAGS if getattr(ns, name, None)]
+    given = [f"--{name.replace('_', '-')}" for name in _TLS_FLAGS if getattr(settings, name)]
     if tls_sides:
         missing = [
-            f"--{name.replace('_', '-')}" for name in _TLS_FLAGS if not getattr(ns, name, None)
+            f"--{name.replace('_', '-')}" for name in _TLS_FLAGS if not getattr(settings, name)
         ]
         if missing:
             raise ConfigError(
                 f"{tls_sides[0]} needs {', '.join(missing)} (mutual TLS: CA, certificate, key)"
             )
-        load_or_config_error(_paths(ns))
+        load_or_config_error(_paths(settings))
     elif given:
         raise ConfigError(
             f"{', '.join(given)} given but neither --listen nor --upstream is tls://host:port"
         )
     for what, ep in (("--listen", listen), ("--upstream", upstream)):
-        if ep.scheme is Scheme.TCP and not ns.insecure_tcp:
+        if ep.scheme is Scheme.TCP and not settings.insecure_tcp:
             raise ConfigError(
                 f"{what} {ep}: plain tcp:// sends calls and secrets unencrypted; use tls:// "
                 "with --tls-ca/--tls-cert/--tls-key, or pass --insecure-tcp to accept that"
             )
-    if ns.tls_allow_identity and listen.scheme is not Scheme.TLS:
+    if settings.tls_allow_identity and listen.scheme is not Scheme.TLS:
         raise ConfigError(f"--tls-allow-identity needs a tls:// --listen, not {listen}")
-    if ns.tls_server_name and upstream.scheme is not Scheme.TLS:
+    if settings.tls_server_name and upstream.scheme is not Scheme.TLS:
         raise ConfigError(f"--tls-server-name needs a tls:// --upstream, not {upstream}")
-    for ident in ns.tls_allow_identity or ():
+    for ident in settings.tls_allow_identity:
         parse_identity(ident)
-    if ns.tcp_keepalive and ns.tcp_keepalive < MIN_KEEPALIVE:
+    if settings.tcp_keepalive and settings.tcp_keepalive < MIN_KEEPALIVE:
         raise ConfigError(f"--tcp-keepalive must be 0 (off) or at least {MIN_KEEPALIVE:g}s")
 
 
@@ -412,10 +423,10 @@ class ReloadingChannel:
 # -- the transport ------------------------------------------------------------------------
 
 
-def _keepalive(ns: argparse.Namespace) -> list[tuple[str, Any]]:
-    if not ns.tcp_keepalive:
+def _keepalive(settings: TransportSettings) -> list[tuple[str, Any]]:
+    if not settings.tcp_keepalive:
         return []
-    interval_ms = int(ns.tcp_keepalive * 1000)
+    interval_ms = int(settings.tcp_keepalive * 1000)
     return [
         ("grpc.keepalive_time_ms", interval_ms),
         ("grpc.keepalive_timeout_ms", min(interval_ms, 20000)),
@@ -438,13 +449,20 @@ class Transport:
     """Listen and upstream security for one proxy, built from checked settings."""
 
     def __init__(
-        self, ns: argparse.Namespace, listen: Endpoint, upstream: Endpoint, logger: Logger
+        self,
+        settings: TransportSettings,
+        listen: Endpoint,
+        upstream: Endpoint,
+        logger: Logger,
+        socket_mode: int = 0o660,
     ) -> None:
-        self.ns = ns
+        self.settings = settings
+        self.socket_mode = socket_mode
         self.listen = listen
         self.upstream = upstream
         self.logger = logger
         self.watcher: Watcher | None = None
+        self.paths: TLSPaths | None = None
         self.channel: ReloadingChannel | None = None
         self._server_lock = threading.Lock()
         self._server_generation = 0
@@ -452,11 +470,11 @@ class Transport:
         self._server_config: Any = None
         self.uses_tls = Scheme.TLS in (listen.scheme, upstream.scheme)
         if self.uses_tls:
-            paths = _paths(ns)
+            self.paths = paths = _paths(settings)
             material = load_or_config_error(paths)
             from plugproxy.net.tlsfiles import Watcher  # noqa: PLC0415
 
-            self.watcher = Watcher(paths, material, logger, ns.tls_reload_interval)
+            self.watcher = Watcher(paths, material, logger, settings.tls_reload_interval)
             self.watcher.add_listener(self._on_new_material)
 
     @property
@@ -468,12 +486,12 @@ class Transport:
     def channel_options(self) -> list[tuple[str, Any]]:
         if self.upstream.is_unix:
             return []
-        options = _keepalive(self.ns)
+        options = _keepalive(self.settings)
         if self.upstream.scheme is Scheme.TLS:
             # A private subchannel pool: a replaced channel must not reuse an old connection.
             options.append(("grpc.use_local_subchannel_pool", 1))
-            if self.ns.tls_server_name:
-                options.append(("grpc.ssl_target_name_override", self.ns.tls_server_name))
+            if self.settings.tls_server_name:
+                options.append(("grpc.ssl_target_name_override", self.settings.tls_server_name))
         return options
 
     def make_channel(self, target: str, options: Sequence[tuple[str, Any]]) -> Any:
@@ -485,7 +503,7 @@ class Transport:
             target,
             options,
             channel_credentials(material),
-            self.ns.max_connection_age_grace,
+            self.settings.max_connection_age_grace,
             self.logger,
         )
         return self.channel
@@ -495,28 +513,33 @@ class Transport:
     def server_options(self) -> list[tuple[str, Any]]:
         if self.listen.is_unix:
             return []
-        options = _keepalive(self.ns)
+        options = _keepalive(self.settings)
         if options:
             options += [("grpc.http2.min_ping_interval_without_data_ms", _MIN_PING_INTERVAL_MS)]
-        if self.ns.max_connection_age:
+        if self.settings.max_connection_age:
             options += [
-                ("grpc.max_connection_age_ms", int(self.ns.max_connection_age * 1000)),
-                ("grpc.max_connection_age_grace_ms", int(self.ns.max_connection_age_grace * 1000)),
+                ("grpc.max_connection_age_ms", int(self.settings.max_connection_age * 1000)),
+                (
+                    "grpc.max_connection_age_grace_ms",
+                    int(self.settings.max_connection_age_grace * 1000),
+                ),
             ]
         return options
 
     def server_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
-        if self.listen.scheme is Scheme.TLS and self.ns.tls_allow_identity:
+        if self.listen.scheme is Scheme.TLS and self.settings.tls_allow_identity:
             # A virtual subclass: grpc checks isinstance, and this module loads without grpc.
             _grpc().aio.ServerInterceptor.register(IdentityInterceptor)
-            return [IdentityInterceptor(IdentityPolicy(self.ns.tls_allow_identity), self.logger)]
+            return [
+                IdentityInterceptor(IdentityPolicy(self.settings.tls_allow_identity), self.logger)
+            ]
         return []
 
     def add_listen_port(self, server: grpc.aio.Server) -> int:
         """Bind the listen endpoint; UNIX sockets are created with --socket-mode."""
         listen = self.listen
         if listen.is_unix:
-            old = os.umask(0o777 & ~self.ns.socket_mode)
+            old = os.umask(0o777 & ~self.socket_mode)
             try:
                 return int(server.add_insecure_port(listen.grpc_target))
             finally:
@@ -578,8 +601,8 @@ class Transport:
                 upstream=self.upstream.url if self.upstream.scheme is Scheme.TLS else "",
                 cert_sha256=material.cert_fingerprint,
                 ca_certificates=material.ca_count,
-                allow_identities=list(self.ns.tls_allow_identity or ()) or "any CA-signed",
-                reload_interval_seconds=self.ns.tls_reload_interval,
+                allow_identities=list(self.settings.tls_allow_identity) or "any CA-signed",
+                reload_interval_seconds=self.settings.tls_reload_interval,
             )
             self.watcher.start()
 

@@ -36,11 +36,11 @@ plugin's error message, every secret value the call's request carried.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -49,7 +49,7 @@ from google.protobuf.message import Message
 from plugproxy.api import Call, SpecInfo
 from plugproxy.core.endpoints import ConfigError
 from plugproxy.core.memory import remember
-from plugproxy.core.options import Option
+from plugproxy.core.options import Option, options_of, setting
 from plugproxy.core.sampling import Sample
 from plugproxy.spec.registry import SPEC_NAMES, load_spec, spec_package
 
@@ -120,24 +120,30 @@ ADVISORY_PATHS: dict[str, tuple[str, ...]] = {
     "deviceplugin.v1beta1": ("v1beta1.ContainerAllocateResponse.envs",),
 }
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class RedactSettings:
+    """Which fields are masked besides those the specs mark secret."""
+
+    redact: tuple[str, ...] = setting(
         "--redact",
         "also mask this field everywhere message content is shown "
         "(<message full name>.<field>, e.g. csi.v1.NodeStageVolumeRequest.volume_context)",
         default=[],
         repeatable=True,
         metavar="FIELD_PATH",
-    ),
-    Option(
+    )
+    redact_defaults: str = setting(
         "--redact-defaults",
         "mask fields the specs call possibly sensitive (mount_flags) and fields that carry "
         "tokens or key material in practice (NodePublishVolume's volume_context, KMS v2 "
         "annotations, device plugin envs)",
         default="on",
         choices=("on", "off"),
-    ),
-]
+    )
+
+
+OPTIONS: list[Option] = options_of(RedactSettings)
 
 
 class Plan:
@@ -726,12 +732,10 @@ def for_specs(
     return _cached(loaded, tuple(paths), defaults)
 
 
-def from_namespace(
-    ns: argparse.Namespace, specs: Iterable[str | SpecInfo] | None = None
+def from_settings(
+    settings: RedactSettings, specs: Iterable[str | SpecInfo] | None = None
 ) -> Redactor:
-    """The Redactor the parsed options configure. Every stage that shows message content
-    (call log, validation reports, spans, errors) gets its Redactor here, in ``build``."""
+    """The Redactor the settings configure. Every stage that shows message content (call
+    log, validation reports, spans, errors) gets its Redactor here, in ``build``."""
     chosen = tuple(specs) if specs is not None else SPEC_NAMES
-    paths = tuple(getattr(ns, "redact", None) or ())
-    defaults = getattr(ns, "redact_defaults", "on") != "off"
-    return for_specs(chosen, paths, defaults)
+    return for_specs(chosen, settings.redact, settings.redact_defaults != "off")

@@ -27,16 +27,16 @@ waits are recorded. Fails open: a logging problem never blocks a call.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 
 from plugproxy.api import Call, CallKind, LazyMessage, Runtime, Stage, StatusCode
 from plugproxy.core.log import Logger
-from plugproxy.core.options import SIZE_HELP, Option, byte_size
+from plugproxy.core.options import SIZE_HELP, Option, byte_size, group, options_of, setting
 from plugproxy.spec import redact
 from plugproxy.spec.keys import keys_of
 
@@ -49,28 +49,33 @@ PAYLOAD_MAX_BYTES = 4 * 1024
 RENDER_MEMO_MAX_BYTES = 512
 RENDER_MEMO_ENTRIES = 128
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class CallLogSettings:
+    call_log: str = setting(
         "--call-log",
         "one log line per call: all calls, only errors (non-OK or with violations), or off",
         default="all",
         choices=("all", "errors", "off"),
-    ),
-    Option(
+    )
+    log_payloads: bool = setting(
         "--log-payloads",
         "add each call's request and response, redacted, to its log line",
         default=False,
         is_switch=True,
-    ),
-    Option(
+    )
+    log_payload_max_bytes: int = setting(
         "--log-payload-max-bytes",
         f"rendering of each logged payload stops at about this size ({SIZE_HELP})",
         default=PAYLOAD_MAX_BYTES,
         type=byte_size,
         metavar="SIZE",
-    ),
-    *redact.OPTIONS,
-]
+    )
+    redaction: redact.RedactSettings = group(redact.RedactSettings)
+
+
+# The redaction options are the call log's to declare: it is where payloads are shown first.
+OPTIONS: list[Option] = [*options_of(CallLogSettings), *redact.OPTIONS]
 
 _FIRST_REQUEST = "calllog.first_request"
 _FIRST_RESPONSE = "calllog.first_response"
@@ -231,15 +236,14 @@ class PayloadCallLogStage(CallLogStage):
             call.stage_state.setdefault(_FIRST_RESPONSE, message)
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
-    mode = getattr(ns, "call_log", "all")
-    if mode == "off":
+def build(settings: CallLogSettings, runtime: Runtime) -> Stage | None:
+    if settings.call_log == "off":
         return None
-    redactor = redact.from_namespace(ns, tuple(runtime.registry.specs.values()))
-    cls = PayloadCallLogStage if getattr(ns, "log_payloads", False) else CallLogStage
+    redactor = redact.from_settings(settings.redaction, tuple(runtime.registry.specs.values()))
+    cls = PayloadCallLogStage if settings.log_payloads else CallLogStage
     return cls(
         runtime.logger,
         redactor,
-        errors_only=mode == "errors",
-        payload_max_bytes=int(getattr(ns, "log_payload_max_bytes", PAYLOAD_MAX_BYTES)),
+        errors_only=settings.call_log == "errors",
+        payload_max_bytes=settings.log_payload_max_bytes,
     )

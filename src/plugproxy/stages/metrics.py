@@ -16,12 +16,12 @@ server calls whether or not this stage is enabled.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
 from bisect import bisect_left
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -34,16 +34,20 @@ from prometheus_client.metrics_core import (
 
 from plugproxy import __version__
 from plugproxy.api import Call, MethodInfo, Runtime, Stage, StatusCode, UpstreamError, UpstreamState
-from plugproxy.core.options import Option
+from plugproxy.core.options import Option, options_of, setting
 from plugproxy.spec.registry import load_spec
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    disable_metrics: bool = setting(
         "--disable-metrics",
         "do not record per-call metrics (the /metrics endpoint still serves process metrics)",
         is_switch=True,
-    ),
-]
+    )
+
+
+OPTIONS: list[Option] = options_of(MetricsSettings)
 
 # 1 ms … 600 s: fast identity calls and the slowest attach or snapshot both land in a bucket.
 RPC_BUCKETS: tuple[float, ...] = (
@@ -428,8 +432,8 @@ def csi_info_path(registry: Any) -> str | None:
     return None
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
-    if getattr(ns, "disable_metrics", False):
+def build(settings: MetricsSettings, runtime: Runtime) -> Stage | None:
+    if settings.disable_metrics:
         return None
     return MetricsStage(
         runtime.metrics,

@@ -30,42 +30,46 @@ free) for every keyed call, and a ``serialization.wait`` event only when the cal
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from plugproxy.api import Call, MethodInfo, Reject, Runtime, Stage, StatusCode
 from plugproxy.core.locks import LockTable
-from plugproxy.core.options import Option, duration
+from plugproxy.core.options import Option, duration, options_of, setting
 from plugproxy.spec.keys import extractor, keys_of
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class SerializeSettings:
+    serialize: str = setting(
         "--serialize",
         "one call in flight per volume/snapshot/bucket/machine: wait (queue FIFO), "
         "abort (ABORTED at once when busy) or off",
         default="wait",
         choices=("wait", "abort", "off"),
-    ),
-    Option(
+    )
+    serialize_timeout: float = setting(
         "--serialize-timeout",
         "longest a call queues for a busy key before ABORTED (also bounded by its deadline)",
         default=60.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    serialize_key: tuple[str, ...] = setting(
         "--serialize-key",
         "also serialize a method's calls by a field of its request (dotted path; a repeated "
         "field gives one key per value); applies to bundled specs and descriptor sets alike",
         default=[],
         repeatable=True,
         metavar="/PKG.SERVICE/METHOD=FIELD_PATH",
-    ),
-]
+    )
+
+
+OPTIONS: list[Option] = options_of(SerializeSettings)
 
 HELD = "serialize.held"
 WAIT_SECONDS = "serialize.wait_seconds"
@@ -244,7 +248,7 @@ class SerializeStage(Stage):
             self._release(call, held)
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> SerializeStage | None:
-    if ns.serialize == "off":
+def build(settings: SerializeSettings, runtime: Runtime) -> SerializeStage | None:
+    if settings.serialize == "off":
         return None
-    return SerializeStage(ns.serialize, ns.serialize_timeout, runtime.metrics)
+    return SerializeStage(settings.serialize, settings.serialize_timeout, runtime.metrics)

@@ -22,7 +22,6 @@ through its constructor; :func:`build` reads the standard ``OTEL_*`` environment
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -59,7 +58,7 @@ from plugproxy.core.endpoints import ConfigError
 from plugproxy.core.options import Option
 from plugproxy.spec import redact
 from plugproxy.spec.keys import keys_of
-from plugproxy.spec.redact import Redactor
+from plugproxy.spec.redact import Redactor, RedactSettings
 
 OPTIONS: list[Option] = []  # configured by the standard OTEL_* environment only
 
@@ -431,8 +430,11 @@ def build_from_env(
     )
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
+def build(redaction: RedactSettings, runtime: Runtime) -> Stage | None:
+    """The stage (:mod:`plugproxy.stages.tracing_env` builds it from its settings)."""
     specs = tuple(runtime.registry.specs.values())
     return build_from_env(
-        os.environ, runtime.upstream.address, lambda: redact.from_namespace(ns, specs)
+        os.environ,
+        runtime.upstream.address,
+        lambda: redact.from_settings(redaction, specs),
     )

@@ -7,15 +7,24 @@ configured never loads it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from plugproxy.api import Runtime, Stage
-from plugproxy.core.options import Option
+from plugproxy.core.options import Option, group
+from plugproxy.spec.redact import RedactSettings
 
 OPTIONS: list[Option] = []  # configured by the standard OTEL_* environment only
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """What spans may show of messages; the exporter and sampler are the OTEL_* variables'.
+    The redaction options are declared once, by the call log."""
+
+    redaction: RedactSettings = group(RedactSettings)
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -27,12 +36,12 @@ def wanted(environ: Mapping[str, str]) -> bool:
     return any(name.strip().lower() not in ("", "none") for name in raw.split(","))
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
+def build(settings: TracingSettings, runtime: Runtime) -> Stage | None:
     if not wanted(os.environ):
         return None
     from plugproxy.stages import tracing  # noqa: PLC0415  # the SDK, only when tracing is on
 
-    return tracing.build(ns, runtime)
+    return tracing.build(settings.redaction, runtime)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ its long lists, violations naming entries by their real index.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -36,7 +35,7 @@ import time
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -56,7 +55,15 @@ from plugproxy.api import (
 )
 from plugproxy.core.endpoints import ConfigError
 from plugproxy.core.memory import ExpiringMap, ago, digest, parts_digest, remember
-from plugproxy.core.options import SIZE_HELP, Option, byte_size, duration, value_source
+from plugproxy.core.options import (
+    SIZE_HELP,
+    Option,
+    Origins,
+    byte_size,
+    duration,
+    options_of,
+    setting,
+)
 from plugproxy.core.sampling import Sample
 from plugproxy.rules import TABLES, all_rules, annotated, find_rule
 from plugproxy.rules.csi_common import capability_names
@@ -88,28 +95,30 @@ from plugproxy.spec.keys import KEY_TABLES, keys_of
 OFF, AUDIT, ENFORCE = "off", "audit", "enforce"
 MODES = (OFF, AUDIT, ENFORCE)
 
-OPTIONS: list[Option] = [
-    Option(
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    validation: str = setting(
         "--validation",
         "judge calls against the spec: off, audit (log and count) or enforce (also reject"
         " bad requests)",
         default=AUDIT,
         choices=MODES,
-    ),
-    Option(
+    )
+    rule: tuple[str, ...] = setting(
         "--rule",
         "mode of one rule, overriding --validation (e.g. csi.size-limit=off)",
         repeatable=True,
         metavar="ID=MODE",
-    ),
-    Option(
+    )
+    capability_query_timeout: float = setting(
         "--capability-query-timeout",
         "longest wait when the proxy asks the plugin for its capabilities itself",
         default=1.0,
         type=duration,
         metavar="DURATION",
-    ),
-    Option(
+    )
+    max_remembered_objects: int = setting(
         "--max-remembered-objects",
         "the stateful rules remember at most this many objects (volumes, snapshots, nodes,"
         " paths, requests) in each of their memories, per spec, forgetting the one set"
@@ -118,23 +127,26 @@ OPTIONS: list[Option] = [
         default=MAX_OBJECTS,
         type=int,
         metavar="N",
-    ),
-    Option(
+    )
+    violations_file: str | None = setting(
         "--violations-file",
         "append each violation to this file (JSON lines) and count what it holds at start,"
         " so the record outlives a restart; `plugproxy report --file PATH` reads it. Put it"
         " on a volume that outlives what it must (docs/observability.md)",
         metavar="PATH",
-    ),
-    Option(
+    )
+    violations_file_max_bytes: int = setting(
         "--violations-file-max-bytes",
         "the violations file and the one it was rotated to (PATH.1) hold at most this"
         f" together; the latest records are kept ({SIZE_HELP})",
         default=DEFAULT_MAX_BYTES,
         type=byte_size,
         metavar="SIZE",
-    ),
-]
+    )
+    origins: Origins = field(default_factory=Origins)  # what an error calls a setting
+
+
+OPTIONS: list[Option] = options_of(ValidateSettings)
 
 # Our own statuses and the caller's cancellations are not the plugin's answers.
 _NOT_JUDGED = frozenset({StatusCode.CANCELLED, StatusCode.DEADLINE_EXCEEDED})
@@ -1468,37 +1480,41 @@ class _RuleIds(Container[str]):
         return any(r.id == rule_id for s in self.sets for r in annotated.rules_for(s))
 
 
-def build(ns: argparse.Namespace, runtime: Runtime) -> Stage | None:
-    mode = getattr(ns, "validation", AUDIT)
+def build(settings: ValidateSettings, runtime: Runtime) -> Stage | None:
+    names = settings.origins
     rule_modes = parse_rule_modes(
-        getattr(ns, "rule", None) or (),
-        _RuleIds(getattr(runtime, "registry", None)),
-        value_source(ns, "--rule"),
+        settings.rule, _RuleIds(getattr(runtime, "registry", None)), names.name("--rule")
     )
-    if mode == OFF and all(m == OFF for m in rule_modes.values()):
-        if getattr(ns, "violations_file", None):
+    if settings.validation == OFF and all(m == OFF for m in rule_modes.values()):
+        if settings.violations_file:
             runtime.logger.warning(
-                "validation is off: the violations file is not written", path=ns.violations_file
+                "validation is off: the violations file is not written",
+                path=settings.violations_file,
             )
         return None
-    timeout = float(getattr(ns, "capability_query_timeout", 1.0))
-    if timeout <= 0:
+    if settings.capability_query_timeout <= 0:
         raise ConfigError("--capability-query-timeout must be positive")
-    max_objects = int(getattr(ns, "max_remembered_objects", MAX_OBJECTS))
-    if max_objects < 1:
-        raise ConfigError(f"{value_source(ns, '--max-remembered-objects')} must be at least 1")
-    file = violation_file(ns, runtime)
-    return ValidateStage(runtime, mode, rule_modes, timeout, file, max_objects)
+    if settings.max_remembered_objects < 1:
+        raise ConfigError(f"{names.name('--max-remembered-objects')} must be at least 1")
+    return ValidateStage(
+        runtime,
+        settings.validation,
+        rule_modes,
+        settings.capability_query_timeout,
+        violation_file(settings, runtime),
+        settings.max_remembered_objects,
+    )
 
 
-def violation_file(ns: argparse.Namespace, runtime: Any) -> ViolationFile | None:
+def violation_file(settings: ValidateSettings, runtime: Any) -> ViolationFile | None:
     """The --violations-file writer, or None; ConfigError for a bound too small to hold
     a few records."""
-    path = getattr(ns, "violations_file", None)
+    path = settings.violations_file
     if not path:
         return None
-    max_bytes = int(getattr(ns, "violations_file_max_bytes", DEFAULT_MAX_BYTES))
+    max_bytes = settings.violations_file_max_bytes
+    names = settings.origins
     if max_bytes < MIN_MAX_BYTES:
-        source = value_source(ns, "--violations-file-max-bytes")
+        source = names.name("--violations-file-max-bytes")
         raise ConfigError(f"{source} must be at least {MIN_MAX_BYTES // 1024}KiB")
-    return ViolationFile(path, max_bytes, runtime.logger, value_source(ns, "--violations-file"))
+    return ViolationFile(path, max_bytes, runtime.logger, names.name("--violations-file"))
