@@ -55,6 +55,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "NodeGetIdResponse": ("node_id",),
 }
 
+# Request fields where the CO passes back what the plugin made -> where the plugin made it.
+ECHOES = csi_tables.echoes(CSI_V0_NAMES)
+
 _PATHS = (
     ("NodeStageVolumeRequest", "staging_target_path"),
     ("NodeUnstageVolumeRequest", "staging_target_path"),
@@ -325,7 +328,7 @@ TABLE = csi_tables.csi_table(
     required_nonzero=frozenset({("Snapshot", "created_at")}),
     size_overrides=dict.fromkeys((*_PATHS, *_MESSAGES)),
     size_recommended=dict.fromkeys((*_PATHS, *_MESSAGES), 128),
-    echoes=csi_tables.echoes(CSI_V0_NAMES),
+    echoes=ECHOES,
     plugin_name_underscores=True,  # §GetPluginInfo: "dashes (-), underscores (_), dots (.)"
     secret_maps=_SECRETS,
     # The five node paths each "MUST be an absolute path" in CSI v0.3 too.
