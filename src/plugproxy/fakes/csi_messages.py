@@ -40,6 +40,11 @@ def capacity_range(msg: DynMessage, field: str = "capacity_range") -> tuple[int,
     return int(cr.required_bytes), int(cr.limit_bytes)
 
 
+def declared_map(msg: DynMessage, field: str) -> dict[str, str]:
+    """A map field's entries; empty where this version's message has no such field."""
+    return dict(getattr(msg, field)) if has_descriptor_field(msg, field) else {}
+
+
 def topology_requirement(msg: DynMessage) -> TopologyRequirement | None:
     if not msg.HasField("accessibility_requirements"):
         return None

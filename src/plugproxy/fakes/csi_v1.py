@@ -1,7 +1,8 @@
 """Fake CSI v1.12 plugin: Identity, Controller, GroupController, SnapshotMetadata and Node.
 
 It advertises every capability it implements (see the tuples below) and nothing else.
-State lives in :class:`~plugproxy.fakes.csi_model.CsiBackend`; this class only translates.
+State lives in :class:`~plugproxy.fakes.csi_model.CsiBackend`; the RPCs v0.3 has too are
+:class:`~plugproxy.fakes.csi_plugin.FakeCsi` in v1's names, the others are here.
 """
 
 from __future__ import annotations
@@ -9,35 +10,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-import plugproxy
-from plugproxy.fakes.base import FakePlugin
 from plugproxy.fakes.common import (
     DynMessage,
     ServicerContext,
     add_capabilities,
     enum_number,
-    invalid,
     require,
 )
-from plugproxy.fakes.csi_messages import (
-    capacity_range,
-    optional_capability,
-    parse_capabilities,
-    topology_requirement,
-)
-from plugproxy.fakes.csi_model import (
-    DEFAULT_METADATA_BATCH,
-    MAX_VOLUME_SIZE,
-    MAX_VOLUMES_PER_NODE,
-    NODE_ID,
-    NODE_TOPOLOGY,
-    CsiBackend,
-    Group,
-    KiB,
-    Snapshot,
-    Volume,
-)
-from plugproxy.fakes.knobs import FakeKnobs
+from plugproxy.fakes.csi_messages import capacity_range, optional_capability
+from plugproxy.fakes.csi_model import DEFAULT_METADATA_BATCH, Group, KiB
+from plugproxy.fakes.csi_plugin import HEALTHY, V0_CONTROLLER_CAPABILITIES, FakeCsi
+from plugproxy.spec.csi_names import CSI_V1_NAMES
 
 PLUGIN_SERVICES = (
     "CONTROLLER_SERVICE",
@@ -46,12 +29,7 @@ PLUGIN_SERVICES = (
     "SNAPSHOT_METADATA_SERVICE",
 )
 CONTROLLER_CAPABILITIES = (
-    "CREATE_DELETE_VOLUME",
-    "PUBLISH_UNPUBLISH_VOLUME",
-    "LIST_VOLUMES",
-    "GET_CAPACITY",
-    "CREATE_DELETE_SNAPSHOT",
-    "LIST_SNAPSHOTS",
+    *V0_CONTROLLER_CAPABILITIES,
     "CLONE_VOLUME",
     "PUBLISH_READONLY",
     "EXPAND_VOLUME",
@@ -71,10 +49,9 @@ NODE_CAPABILITIES = (
     "VOLUME_MOUNT_GROUP",
 )
 GROUP_CAPABILITIES = ("CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT",)
-HEALTHY = "the fake volume is healthy"
 
 
-class FakeCsiV1(FakePlugin):
+class FakeCsiV1(FakeCsi):
     spec_name = "csi.v1"
     default_plugin_name = "csi.fake.plugproxy.io"
     key_fields = (
@@ -85,39 +62,16 @@ class FakeCsiV1(FakePlugin):
         "name",
         "source_volume_id",
     )
-
-    def __init__(self, knobs: FakeKnobs | None = None) -> None:
-        super().__init__(knobs)
-        self.backend = CsiBackend(
-            multi_writer_modes=True,
-            id_bytes=self.knobs.id_bytes,
-            token_bytes=self.knobs.token_bytes,
-        )
+    names = CSI_V1_NAMES
+    content_sources = ("snapshot", "volume")
+    source_id_missing = "volume_content_source.{kind} id"
+    multi_writer_modes = True
+    plugin_services = PLUGIN_SERVICES
+    volume_expansion = ("ONLINE",)
+    controller_capabilities = CONTROLLER_CAPABILITIES
+    node_capabilities = NODE_CAPABILITIES
 
     # -- message builders -----------------------------------------------------------------
-
-    @staticmethod
-    def fill_volume(msg: DynMessage, vol: Volume) -> None:
-        msg.capacity_bytes = vol.capacity
-        msg.volume_id = vol.id
-        msg.volume_context.update(vol.context)
-        if vol.source is not None:
-            kind, source_id = vol.source
-            if kind == "snapshot":
-                msg.content_source.snapshot.snapshot_id = source_id
-            else:
-                msg.content_source.volume.volume_id = source_id
-        for topology in vol.topology:
-            msg.accessible_topology.add().segments.update(topology)
-
-    @staticmethod
-    def fill_snapshot(msg: DynMessage, snap: Snapshot) -> None:
-        msg.size_bytes = snap.size
-        msg.snapshot_id = snap.id
-        msg.source_volume_id = snap.source_volume_id
-        msg.creation_time.FromNanoseconds(snap.created_ns)
-        msg.ready_to_use = True
-        msg.group_snapshot_id = snap.group_id
 
     def fill_group(self, msg: DynMessage, group: Group) -> None:
         msg.group_snapshot_id = group.id
@@ -126,163 +80,7 @@ class FakeCsiV1(FakePlugin):
         msg.creation_time.FromNanoseconds(group.created_ns)
         msg.ready_to_use = True
 
-    @staticmethod
-    def fill_status(status: DynMessage, vol: Volume) -> None:
-        status.published_node_ids.extend(sorted(vol.published))
-        status.volume_condition.abnormal = False
-        status.volume_condition.message = HEALTHY
-
-    # -- Identity -------------------------------------------------------------------------
-
-    async def GetPluginInfo(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        return self.new(
-            "GetPluginInfoResponse",
-            name=self.plugin_name,
-            vendor_version=plugproxy.__version__,
-            manifest={"implementation": "plugproxy fake plugin"},
-        )
-
-    async def GetPluginCapabilities(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        resp = self.new("GetPluginCapabilitiesResponse")
-        add_capabilities(resp, "service", PLUGIN_SERVICES)
-        add_capabilities(resp, "volume_expansion", ("ONLINE",))
-        return resp
-
-    async def Probe(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        resp = self.new("ProbeResponse")
-        resp.ready.value = True
-        return resp
-
     # -- Controller -----------------------------------------------------------------------
-
-    async def CreateVolume(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        caps = parse_capabilities(request.volume_capabilities, "volume_capabilities")
-        source = None
-        if request.HasField("volume_content_source"):
-            src = request.volume_content_source
-            kind = src.WhichOneof("type")
-            if kind is None:
-                raise invalid("volume_content_source must name a snapshot or a volume")
-            source_id = src.snapshot.snapshot_id if kind == "snapshot" else src.volume.volume_id
-            require(source_id, f"volume_content_source.{kind} id")
-            source = (kind, source_id)
-        vol = self.backend.create_volume(
-            request.name,
-            caps,
-            capacity_range(request),
-            dict(request.parameters),
-            dict(request.mutable_parameters),
-            source,
-            topology_requirement(request),
-        )
-        resp = self.new("CreateVolumeResponse")
-        self.fill_volume(resp.volume, vol)
-        return resp
-
-    async def DeleteVolume(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        self.backend.delete_volume(request.volume_id)
-        return self.new("DeleteVolumeResponse")
-
-    async def ControllerPublishVolume(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        publish_context = self.backend.controller_publish(
-            request.volume_id,
-            request.node_id,
-            optional_capability(request, "volume_capability"),
-            request.readonly,
-            dict(request.volume_context),
-        )
-        return self.new("ControllerPublishVolumeResponse", publish_context=publish_context)
-
-    async def ControllerUnpublishVolume(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        self.backend.controller_unpublish(request.volume_id, request.node_id)
-        return self.new("ControllerUnpublishVolumeResponse")
-
-    async def ValidateVolumeCapabilities(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        caps = parse_capabilities(request.volume_capabilities, "volume_capabilities")
-        _, reason = self.backend.validate(
-            request.volume_id,
-            caps,
-            dict(request.volume_context),
-            dict(request.parameters),
-            dict(request.mutable_parameters),
-        )
-        resp = self.new("ValidateVolumeCapabilitiesResponse")
-        if reason:
-            resp.message = reason
-            return resp
-        confirmed = resp.confirmed
-        confirmed.volume_capabilities.extend(request.volume_capabilities)
-        if self.knobs.older_csi:  # MountVolume.volume_mount_group came with CSI v1.5
-            for cap in confirmed.volume_capabilities:
-                if cap.HasField("mount"):
-                    cap.mount.ClearField("volume_mount_group")
-        confirmed.volume_context.update(request.volume_context)
-        confirmed.parameters.update(request.parameters)
-        confirmed.mutable_parameters.update(request.mutable_parameters)
-        return resp
-
-    async def ListVolumes(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        vols, next_token = self.backend.list_volumes(request.max_entries, request.starting_token)
-        resp = self.new("ListVolumesResponse", next_token=next_token)
-        for vol in vols:
-            entry = resp.entries.add()
-            self.fill_volume(entry.volume, vol)
-            self.fill_status(entry.status, vol)
-        return resp
-
-    async def GetCapacity(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        caps = parse_capabilities(request.volume_capabilities, "volume_capabilities")
-        topology = (
-            dict(request.accessible_topology.segments)
-            if request.HasField("accessible_topology")
-            else None
-        )
-        resp = self.new(
-            "GetCapacityResponse",
-            available_capacity=self.backend.available_capacity(caps, topology),
-        )
-        resp.maximum_volume_size.value = MAX_VOLUME_SIZE
-        resp.minimum_volume_size.value = 1
-        return resp
-
-    async def ControllerGetCapabilities(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        resp = self.new("ControllerGetCapabilitiesResponse")
-        add_capabilities(resp, "rpc", CONTROLLER_CAPABILITIES)
-        return resp
-
-    async def CreateSnapshot(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        snap = self.backend.create_snapshot(
-            request.name, request.source_volume_id, dict(request.parameters)
-        )
-        resp = self.new("CreateSnapshotResponse")
-        self.fill_snapshot(resp.snapshot, snap)
-        return resp
-
-    async def DeleteSnapshot(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        self.backend.delete_snapshot(request.snapshot_id)
-        return self.new("DeleteSnapshotResponse")
-
-    async def ListSnapshots(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        snaps, next_token = self.backend.list_snapshots(
-            request.max_entries,
-            request.starting_token,
-            request.snapshot_id,
-            request.source_volume_id,
-        )
-        resp = self.new("ListSnapshotsResponse", next_token=next_token)
-        for snap in snaps:
-            self.fill_snapshot(resp.entries.add().snapshot, snap)
-        return resp
 
     async def GetSnapshot(self, request: DynMessage, context: ServicerContext) -> DynMessage:
         require(request.snapshot_id, "snapshot_id")
@@ -399,37 +197,6 @@ class FakeCsiV1(FakePlugin):
 
     # -- Node -----------------------------------------------------------------------------
 
-    async def NodeStageVolume(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        self.backend.node_stage(
-            request.volume_id,
-            request.staging_target_path,
-            optional_capability(request, "volume_capability"),
-            dict(request.volume_context),
-        )
-        return self.new("NodeStageVolumeResponse")
-
-    async def NodeUnstageVolume(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        self.backend.node_unstage(request.volume_id, request.staging_target_path)
-        return self.new("NodeUnstageVolumeResponse")
-
-    async def NodePublishVolume(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        self.backend.node_publish(
-            request.volume_id,
-            request.target_path,
-            request.staging_target_path,
-            optional_capability(request, "volume_capability"),
-            request.readonly,
-            dict(request.publish_context),
-            dict(request.volume_context),
-        )
-        return self.new("NodePublishVolumeResponse")
-
-    async def NodeUnpublishVolume(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        self.backend.node_unpublish(request.volume_id, request.target_path)
-        return self.new("NodeUnpublishVolumeResponse")
-
     async def NodeGetVolumeStats(self, request: DynMessage, context: ServicerContext) -> DynMessage:
         vol = self.backend.path_of(request.volume_id, request.volume_path)
         resp = self.new("NodeGetVolumeStatsResponse")
@@ -460,17 +227,3 @@ class FakeCsiV1(FakePlugin):
             optional_capability(request, "volume_capability"),
         )
         return self.new("NodeExpandVolumeResponse", capacity_bytes=capacity)
-
-    async def NodeGetCapabilities(
-        self, request: DynMessage, context: ServicerContext
-    ) -> DynMessage:
-        resp = self.new("NodeGetCapabilitiesResponse")
-        add_capabilities(resp, "rpc", NODE_CAPABILITIES)
-        return resp
-
-    async def NodeGetInfo(self, request: DynMessage, context: ServicerContext) -> DynMessage:
-        resp = self.new(
-            "NodeGetInfoResponse", node_id=NODE_ID, max_volumes_per_node=MAX_VOLUMES_PER_NODE
-        )
-        resp.accessible_topology.segments.update(NODE_TOPOLOGY)
-        return resp

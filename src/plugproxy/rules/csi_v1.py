@@ -1,5 +1,8 @@
 """Rule table of CSI v1.12 (package csi.v1).
 
+What CSI v0.3 and v1.12 state alike is written once, in each version's field names, in
+:mod:`~plugproxy.rules.csi_tables`; this module holds the rest of CSI v1.12's table.
+
 REQUIRED fields: every field the spec's messages mark "This field is REQUIRED" (72) or
 "This is a REQUIRED field" / "... is REQUIRED." (11), 83 in all; the two group snapshot
 ``snapshot_ids`` carry a caveat (a plugin may do without them): their absence is reported at
@@ -19,69 +22,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from plugproxy.rules import (
-    csi_capabilities,
-    csi_consistency,
-    csi_order,
-    csi_placement,
-    csi_readonly,
-    csi_recovery,
-    csi_responses,
-)
-from plugproxy.rules.csi_common import (
-    CREATE_SNAPSHOT_ARGUMENTS,
-    CREATE_VOLUME_ARGUMENTS,
-    TRANSPORT_CODES,
-    CsiChecks,
-    staging_path_missing,
-)
-from plugproxy.rules.engine import (
-    FixFirst,
-    ServiceNeeds,
-    SpecTable,
-    StateChange,
-    merged,
-)
+from plugproxy.rules import csi_tables
+from plugproxy.rules.csi_common import TRANSPORT_CODES, CsiChecks
+from plugproxy.rules.csi_tables import DELETE_NOT_FOUND, codes
+from plugproxy.rules.engine import FixFirst, ServiceNeeds, StateChange
+from plugproxy.spec.csi_names import CSI_V1_NAMES
 
 TITLE = "CSI v1.12"
-_checks = CsiChecks(volume_id="volume_id")
+_checks = CsiChecks(volume_id=CSI_V1_NAMES.volume_id)
 
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "GetPluginInfoResponse": ("name", "vendor_version"),
-    "CreateVolumeRequest": ("name", "volume_capabilities"),
-    "VolumeContentSource": ("oneof:type",),
-    "VolumeContentSource.SnapshotSource": ("snapshot_id",),
+    **csi_tables.required(CSI_V1_NAMES),
     "VolumeContentSource.VolumeSource": ("volume_id",),
-    "CreateVolumeResponse": ("volume",),
-    "VolumeCapability": ("oneof:access_type", "access_mode"),
-    "VolumeCapability.AccessMode": ("mode",),
-    "Volume": ("volume_id",),
-    "DeleteVolumeRequest": ("volume_id",),
-    "ControllerPublishVolumeRequest": ("volume_id", "node_id", "volume_capability", "readonly"),
-    "ControllerUnpublishVolumeRequest": ("volume_id",),
-    "ValidateVolumeCapabilitiesRequest": ("volume_id", "volume_capabilities"),
     "ValidateVolumeCapabilitiesResponse.Confirmed": ("volume_capabilities",),
     "ListVolumesResponse.Entry": ("volume",),
     "ControllerGetVolumeRequest": ("volume_id",),
     "ControllerGetVolumeResponse": ("volume", "status"),
     "ControllerModifyVolumeRequest": ("volume_id", "mutable_parameters"),
-    "GetCapacityResponse": ("available_capacity",),
-    "CreateSnapshotRequest": ("source_volume_id", "name"),
-    "CreateSnapshotResponse": ("snapshot",),
     "Snapshot": ("snapshot_id", "source_volume_id", "creation_time", "ready_to_use"),
-    "DeleteSnapshotRequest": ("snapshot_id",),
     "GetSnapshotRequest": ("snapshot_id",),
     "GetSnapshotResponse": ("snapshot",),
     "ControllerExpandVolumeRequest": ("volume_id", "capacity_range"),
     "ControllerExpandVolumeResponse": ("capacity_bytes", "node_expansion_required"),
-    "NodeStageVolumeRequest": ("volume_id", "staging_target_path", "volume_capability"),
-    "NodeUnstageVolumeRequest": ("volume_id", "staging_target_path"),
-    "NodePublishVolumeRequest": ("volume_id", "target_path", "volume_capability", "readonly"),
-    "NodeUnpublishVolumeRequest": ("volume_id", "target_path"),
     "NodeGetVolumeStatsRequest": ("volume_id", "volume_path"),
     "VolumeUsage": ("total", "unit"),
     "VolumeCondition": ("abnormal", "message"),
-    "NodeGetInfoResponse": ("node_id",),
     "NodeExpandVolumeRequest": ("volume_id", "volume_path"),
     "CreateVolumeGroupSnapshotRequest": ("name", "source_volume_ids"),
     "CreateVolumeGroupSnapshotResponse": ("group_snapshot",),
@@ -132,28 +97,11 @@ SIZE_RECOMMENDED: dict[tuple[str, str], int] = {
 _VOLUME_ID = ("Volume", "volume_id")
 _SNAPSHOT_ID = ("Snapshot", "snapshot_id")
 _GROUP_ID = ("VolumeGroupSnapshot", "group_snapshot_id")
-_NODE_ID = ("NodeGetInfoResponse", "node_id")
-_CONTEXT = ("Volume", "volume_context")
-_PUBLISH_CONTEXT = ("ControllerPublishVolumeResponse", "publish_context")
 
 # Request fields where the CO passes back what the plugin made -> where the plugin made it.
 ECHOES: dict[tuple[str, str], tuple[str, str]] = {
-    ("VolumeContentSource.SnapshotSource", "snapshot_id"): _SNAPSHOT_ID,
+    **csi_tables.echoes(CSI_V1_NAMES),
     ("VolumeContentSource.VolumeSource", "volume_id"): _VOLUME_ID,
-    ("DeleteVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("ControllerPublishVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("ControllerPublishVolumeRequest", "node_id"): _NODE_ID,
-    ("ControllerPublishVolumeRequest", "volume_context"): _CONTEXT,
-    ("ControllerUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("ControllerUnpublishVolumeRequest", "node_id"): _NODE_ID,
-    ("ValidateVolumeCapabilitiesRequest", "volume_id"): _VOLUME_ID,
-    ("ValidateVolumeCapabilitiesRequest", "volume_context"): _CONTEXT,
-    ("ListVolumesRequest", "starting_token"): ("ListVolumesResponse", "next_token"),
-    ("CreateSnapshotRequest", "source_volume_id"): _VOLUME_ID,
-    ("DeleteSnapshotRequest", "snapshot_id"): _SNAPSHOT_ID,
-    ("ListSnapshotsRequest", "starting_token"): ("ListSnapshotsResponse", "next_token"),
-    ("ListSnapshotsRequest", "source_volume_id"): _VOLUME_ID,
-    ("ListSnapshotsRequest", "snapshot_id"): _SNAPSHOT_ID,
     ("GetSnapshotRequest", "snapshot_id"): _SNAPSHOT_ID,
     ("ControllerExpandVolumeRequest", "volume_id"): _VOLUME_ID,
     ("ControllerGetVolumeRequest", "volume_id"): _VOLUME_ID,
@@ -166,16 +114,6 @@ ECHOES: dict[tuple[str, str], tuple[str, str]] = {
     ("GetMetadataAllocatedRequest", "snapshot_id"): _SNAPSHOT_ID,
     ("GetMetadataDeltaRequest", "base_snapshot_id"): _SNAPSHOT_ID,
     ("GetMetadataDeltaRequest", "target_snapshot_id"): _SNAPSHOT_ID,
-    ("NodeStageVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("NodeStageVolumeRequest", "publish_context"): _PUBLISH_CONTEXT,
-    ("NodeStageVolumeRequest", "volume_context"): _CONTEXT,
-    ("NodeUnstageVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("NodePublishVolumeRequest", "volume_id"): _VOLUME_ID,
-    ("NodePublishVolumeRequest", "publish_context"): _PUBLISH_CONTEXT,
-    # Kubernetes also adds pod info and service account tokens here (CSIDriver
-    # podInfoOnMount, tokenRequests), ~4.6 KB with three audiences.
-    ("NodePublishVolumeRequest", "volume_context"): _CONTEXT,
-    ("NodeUnpublishVolumeRequest", "volume_id"): _VOLUME_ID,
     ("NodeGetVolumeStatsRequest", "volume_id"): _VOLUME_ID,
     ("NodeExpandVolumeRequest", "volume_id"): _VOLUME_ID,
 }
@@ -216,77 +154,52 @@ _GENERAL = (
     | TRANSPORT_CODES
 )
 
-
-def _codes(*names: str) -> frozenset[str]:
-    return frozenset(names)
-
-
-# NOT_FOUND from a delete RPC breaks the MUST "reply 0 OK" for an object that does not
-# exist; csi.delete-not-idempotent (csi_responses) judges it, so it is listed here to keep
-# the SHOULD csi.error-code-unexpected from reporting the same answer twice.
-_DELETE_NOT_FOUND = "NOT_FOUND"
-
 ERROR_CODES: dict[str, frozenset[str]] = {
-    "Probe": _codes("FAILED_PRECONDITION"),
-    "CreateVolume": _codes(
+    "Probe": codes("FAILED_PRECONDITION"),
+    "CreateVolume": codes(
         "ALREADY_EXISTS", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"
     ),
-    "DeleteVolume": _codes("FAILED_PRECONDITION", _DELETE_NOT_FOUND),
-    "ControllerPublishVolume": _codes(
+    "DeleteVolume": codes("FAILED_PRECONDITION", DELETE_NOT_FOUND),
+    "ControllerPublishVolume": codes(
         "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND", "RESOURCE_EXHAUSTED"
     ),
-    "ControllerUnpublishVolume": _codes("NOT_FOUND"),
-    "ValidateVolumeCapabilities": _codes("NOT_FOUND"),
-    "ListVolumes": _codes("ABORTED"),
-    "ControllerGetVolume": _codes("NOT_FOUND"),
-    "ControllerModifyVolume": _codes("INVALID_ARGUMENT", "NOT_FOUND"),
-    "CreateSnapshot": _codes("ABORTED", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED"),
-    "DeleteSnapshot": _codes(
-        "ABORTED", "FAILED_PRECONDITION", "INVALID_ARGUMENT", _DELETE_NOT_FOUND
-    ),
-    "ListSnapshots": _codes("ABORTED"),
-    "GetSnapshot": _codes("NOT_FOUND"),
-    "ControllerExpandVolume": _codes(
+    "ControllerUnpublishVolume": codes("NOT_FOUND"),
+    "ValidateVolumeCapabilities": codes("NOT_FOUND"),
+    "ListVolumes": codes("ABORTED"),
+    "ControllerGetVolume": codes("NOT_FOUND"),
+    "ControllerModifyVolume": codes("INVALID_ARGUMENT", "NOT_FOUND"),
+    "CreateSnapshot": codes("ABORTED", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED"),
+    "DeleteSnapshot": codes("ABORTED", "FAILED_PRECONDITION", "INVALID_ARGUMENT", DELETE_NOT_FOUND),
+    "ListSnapshots": codes("ABORTED"),
+    "GetSnapshot": codes("NOT_FOUND"),
+    "ControllerExpandVolume": codes(
         "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
     ),
-    "NodeStageVolume": _codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
-    "NodeUnstageVolume": _codes("NOT_FOUND"),
-    "NodePublishVolume": _codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
-    "NodeUnpublishVolume": _codes("NOT_FOUND"),
-    "NodeGetVolumeStats": _codes("NOT_FOUND"),
-    "NodeExpandVolume": _codes(
+    "NodeStageVolume": codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnstageVolume": codes("NOT_FOUND"),
+    "NodePublishVolume": codes("ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"),
+    "NodeUnpublishVolume": codes("NOT_FOUND"),
+    "NodeGetVolumeStats": codes("NOT_FOUND"),
+    "NodeExpandVolume": codes(
         "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
     ),
-    "CreateVolumeGroupSnapshot": _codes(
+    "CreateVolumeGroupSnapshot": codes(
         "ALREADY_EXISTS", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED"
     ),
-    "DeleteVolumeGroupSnapshot": _codes(
-        "FAILED_PRECONDITION", "INVALID_ARGUMENT", _DELETE_NOT_FOUND
-    ),
-    "GetVolumeGroupSnapshot": _codes("INVALID_ARGUMENT", "NOT_FOUND"),
-    "GetMetadataAllocated": _codes("INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"),
-    "GetMetadataDelta": _codes(
+    "DeleteVolumeGroupSnapshot": codes("FAILED_PRECONDITION", "INVALID_ARGUMENT", DELETE_NOT_FOUND),
+    "GetVolumeGroupSnapshot": codes("INVALID_ARGUMENT", "NOT_FOUND"),
+    "GetMetadataAllocated": codes("INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"),
+    "GetMetadataDelta": codes(
         "FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "OUT_OF_RANGE"
     ),
 }
 
-# RPC -> (capability kind, capabilities with which the plugin MUST implement it).
 RPC_GATES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "CreateVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
-    "DeleteVolume": ("controller", ("CREATE_DELETE_VOLUME",)),
-    "ControllerPublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
-    "ControllerUnpublishVolume": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",)),
-    "ListVolumes": ("controller", ("LIST_VOLUMES",)),
-    "GetCapacity": ("controller", ("GET_CAPACITY",)),
-    "CreateSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
-    "DeleteSnapshot": ("controller", ("CREATE_DELETE_SNAPSHOT",)),
-    "ListSnapshots": ("controller", ("LIST_SNAPSHOTS",)),
+    **csi_tables.RPC_GATES,
     "GetSnapshot": ("controller", ("GET_SNAPSHOT",)),
     "ControllerExpandVolume": ("controller", ("EXPAND_VOLUME",)),
     "ControllerGetVolume": ("controller", ("GET_VOLUME",)),
     "ControllerModifyVolume": ("controller", ("MODIFY_VOLUME",)),
-    "NodeStageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
-    "NodeUnstageVolume": ("node", ("STAGE_UNSTAGE_VOLUME",)),
     # §NodeGetVolumeStats: with GET_VOLUME_STATS or VOLUME_CONDITION.
     "NodeGetVolumeStats": ("node", ("GET_VOLUME_STATS", "VOLUME_CONDITION")),
     "NodeExpandVolume": ("node", ("EXPAND_VOLUME",)),
@@ -320,12 +233,9 @@ CONTROLLER_RPCS = frozenset(
 )
 
 SERVICES: dict[str, ServiceNeeds] = {
-    "Controller": ServiceNeeds(
-        frozenset({"ControllerGetCapabilities", "ValidateVolumeCapabilities"}),
-        ("plugin", "CONTROLLER_SERVICE"),
-    ),
+    "Controller": csi_tables.CONTROLLER_SERVICE,
     "Node": ServiceNeeds(
-        frozenset({"NodePublishVolume", "NodeUnpublishVolume", "NodeGetCapabilities"}),
+        csi_tables.NODE_RPCS,
         # §NodeGetInfo: "MUST implement this RPC call if the plugin has
         # PUBLISH_UNPUBLISH_VOLUME controller capability".
         when={"NodeGetInfo": ("controller", ("PUBLISH_UNPUBLISH_VOLUME",))},
@@ -343,46 +253,12 @@ SERVICES: dict[str, ServiceNeeds] = {
 # §Error Scheme recovery: "Caller MUST fix the request/field before retrying" (both rows of
 # INVALID_ARGUMENT), "Caller MUST NOT retry" (UNIMPLEMENTED). PERMISSION_DENIED and
 # UNAUTHENTICATED are fixed outside the request; ABORTED is retried as is.
-FIX_FIRST = {
-    "INVALID_ARGUMENT": FixFirst("MUST fix the request before retrying"),
-    "UNIMPLEMENTED": FixFirst("MUST NOT retry", must_change=()),
-}
+FIX_FIRST = {"INVALID_ARGUMENT": csi_tables.FIX_REQUEST, "UNIMPLEMENTED": csi_tables.NO_RETRY}
 _ARGUMENTS = FixFirst("MUST fix the arguments before retrying")
 _ARGUMENTS_OR_NAME = FixFirst("MUST fix the arguments or use another name before retrying")
-_RANGE = FixFirst("MUST fix the capacity range before retrying", must_change=("capacity_range",))
 _OTHER_SNAPSHOT_IDS = FixFirst(
     "SHOULD use other snapshot_ids before retrying", rule="retry-advised-unchanged"
 )
-# §CreateVolume errors, ALREADY_EXISTS: the name's volume is incompatible with one of these
-# arguments; a retry for the name keeping them all keeps the incompatibility (secrets and
-# mutable_parameters are not among them).
-_VOLUME_ARGUMENTS = FixFirst(
-    "MUST fix the arguments or use another name before retrying",
-    must_change=CREATE_VOLUME_ARGUMENTS,
-)
-# The ALREADY_EXISTS rows of §CreateSnapshot, §NodeStageVolume and §NodePublishVolume: the
-# existing snapshot, staging or publication is incompatible with these arguments; a retry
-# for the same object keeping them all (new secrets only) keeps the incompatibility.
-_SNAPSHOT_ARGUMENTS = FixFirst(
-    "MUST fix the arguments or use another name before retrying",
-    must_change=CREATE_SNAPSHOT_ARGUMENTS,
-)
-_STAGED_ARGUMENTS = FixFirst(
-    "MUST fix the arguments before retrying",
-    must_change=("staging_target_path", "volume_capability", "publish_context", "volume_context"),
-)
-_NODE_PUBLISHED_ARGUMENTS = FixFirst(
-    "MUST fix the arguments before retrying",
-    must_change=(
-        "target_path",
-        "staging_target_path",
-        "volume_capability",
-        "readonly",
-        "publish_context",
-        "volume_context",
-    ),
-)
-
 _METADATA_ROWS: dict[str, FixFirst | None] = {
     "INVALID_ARGUMENT": FixFirst(
         "SHOULD correct the argument before resubmitting", rule="retry-advised-unchanged"
@@ -399,11 +275,14 @@ _METADATA_ROWS: dict[str, FixFirst | None] = {
 FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
     # Read-only, but asked once per registration, not polled: a repeat on the connection
     # that got UNIMPLEMENTED is the same caller retrying (§Error Scheme: MUST NOT retry).
-    "NodeGetInfo": {"UNIMPLEMENTED": FIX_FIRST["UNIMPLEMENTED"]},
-    "CreateVolume": {"ALREADY_EXISTS": _VOLUME_ARGUMENTS, "OUT_OF_RANGE": _RANGE},
+    "NodeGetInfo": {"UNIMPLEMENTED": csi_tables.NO_RETRY},
+    "CreateVolume": {
+        "ALREADY_EXISTS": csi_tables.VOLUME_ARGUMENTS,
+        "OUT_OF_RANGE": csi_tables.CAPACITY_RANGE,
+    },
     "ControllerPublishVolume": {"ALREADY_EXISTS": _ARGUMENTS},
     "ControllerModifyVolume": {"INVALID_ARGUMENT": None},  # "may verify ... then retry"
-    "CreateSnapshot": {"ALREADY_EXISTS": _SNAPSHOT_ARGUMENTS},
+    "CreateSnapshot": {"ALREADY_EXISTS": csi_tables.SNAPSHOT_ARGUMENTS},
     # Part of a group: the caller "SHOULD stop calling DeleteSnapshot" for it (advisory).
     "DeleteSnapshot": {
         "INVALID_ARGUMENT": FixFirst(
@@ -411,19 +290,19 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
             rule="retry-advised-unchanged",
         )
     },
-    "ControllerExpandVolume": {"INVALID_ARGUMENT": None, "OUT_OF_RANGE": _RANGE},  # MAY
-    "NodeStageVolume": {"ALREADY_EXISTS": _STAGED_ARGUMENTS},
+    "ControllerExpandVolume": {
+        "INVALID_ARGUMENT": None,  # MAY
+        "OUT_OF_RANGE": csi_tables.CAPACITY_RANGE,
+    },
+    "NodeStageVolume": {"ALREADY_EXISTS": csi_tables.staged_arguments(CSI_V1_NAMES)},
     "NodePublishVolume": {
-        "ALREADY_EXISTS": _NODE_PUBLISHED_ARGUMENTS,
-        "FAILED_PRECONDITION": FixFirst(
-            "MUST stage the volume first and retry with a valid staging_target_path",
-            staging_path_missing,
-        ),
+        "ALREADY_EXISTS": csi_tables.node_published_arguments(CSI_V1_NAMES),
+        "FAILED_PRECONDITION": csi_tables.STAGE_FIRST,
     },
     "NodeExpandVolume": {
         "INVALID_ARGUMENT": None,  # "MAY verify volume capabilities ... and retry"
         "FAILED_PRECONDITION": FixFirst("MUST NOT retry", must_change=()),
-        "OUT_OF_RANGE": _RANGE,
+        "OUT_OF_RANGE": csi_tables.CAPACITY_RANGE,
     },
     "CreateVolumeGroupSnapshot": {"ALREADY_EXISTS": _ARGUMENTS_OR_NAME},
     # "caller SHOULD use different snapshot_ids": an identical re-send judged at SHOULD.
@@ -440,43 +319,20 @@ FIX_FIRST_RPC: dict[str, dict[str, FixFirst | None]] = {
 # every RPC, and per RPC its own rows (True) or a general code its row says otherwise for
 # (False: an invalid starting_token asks for a restart of the listing).
 BACKOFF = frozenset({"ABORTED"})
-_GONE = {"NOT_FOUND": True}  # "MUST verify ... before retrying with exponential back off"
 BACKOFF_RPC: dict[str, dict[str, bool]] = {
+    **csi_tables.BACKOFF_RPC,
     "CreateVolume": {"NOT_FOUND": True, "RESOURCE_EXHAUSTED": True},
-    "DeleteVolume": {"FAILED_PRECONDITION": True},
-    "ControllerPublishVolume": {
-        "NOT_FOUND": True,
-        "FAILED_PRECONDITION": True,
-        "RESOURCE_EXHAUSTED": True,
-    },
-    "ControllerUnpublishVolume": _GONE,
-    "ValidateVolumeCapabilities": _GONE,
     "ListVolumes": {"ABORTED": False},
-    "ControllerGetVolume": _GONE,
-    "ControllerModifyVolume": _GONE,
-    "DeleteSnapshot": {"FAILED_PRECONDITION": True},
+    "ControllerGetVolume": csi_tables.GONE,
+    "ControllerModifyVolume": csi_tables.GONE,
     "ListSnapshots": {"ABORTED": False},
-    "GetSnapshot": _GONE,
+    "GetSnapshot": csi_tables.GONE,
     "ControllerExpandVolume": {"NOT_FOUND": True, "FAILED_PRECONDITION": True},
-    "NodeStageVolume": _GONE,
-    "NodeUnstageVolume": _GONE,
-    "NodePublishVolume": _GONE,
-    "NodeUnpublishVolume": _GONE,
-    "NodeGetVolumeStats": _GONE,
-    "NodeExpandVolume": _GONE,
+    "NodeGetVolumeStats": csi_tables.GONE,
+    "NodeExpandVolume": csi_tables.GONE,
     "DeleteVolumeGroupSnapshot": {"FAILED_PRECONDITION": True},
-    "GetVolumeGroupSnapshot": _GONE,
+    "GetVolumeGroupSnapshot": csi_tables.GONE,
 }
-
-# "This operation MUST be idempotent." The answers judged on an identical repeat are those
-# no unseen change explains: a request valid and implemented a moment ago is still so.
-_REQUEST = frozenset({"INVALID_ARGUMENT", "UNIMPLEMENTED"})
-# A snapshot of a given name and source cannot turn incompatible with its own arguments.
-_CREATED = _REQUEST | {"ALREADY_EXISTS"}
-# A node's staged and published volumes change only through its one caller, kubelet, on
-# this socket: after an identical success, "already exists" or a failed precondition is
-# the plugin forgetting what it did.
-_NODE = _REQUEST | {"ALREADY_EXISTS", "FAILED_PRECONDITION"}
 
 
 def _snapshot_ready(resp: Any) -> bool:
@@ -490,29 +346,18 @@ def _group_ready(resp: Any) -> bool:
 STATE_CHANGES: dict[str, StateChange] = {
     # Not ALREADY_EXISTS nor OUT_OF_RANGE: an expansion since the create may leave the volume
     # outside a repeated capacity_range, and expansions name the volume id, not the name.
-    "CreateVolume": StateChange(_REQUEST),
-    "DeleteVolume": StateChange(_REQUEST),
-    "ControllerPublishVolume": StateChange(_REQUEST),
-    "ControllerUnpublishVolume": StateChange(_REQUEST),
-    "ControllerExpandVolume": StateChange(_REQUEST),
-    "ControllerModifyVolume": StateChange(_REQUEST),
-    "CreateSnapshot": StateChange(_CREATED, final=_snapshot_ready),
-    "DeleteSnapshot": StateChange(_REQUEST),
-    "CreateVolumeGroupSnapshot": StateChange(_CREATED, final=_group_ready),
-    "DeleteVolumeGroupSnapshot": StateChange(_REQUEST),
-    "NodeStageVolume": StateChange(_NODE, paths=("staging_target_path",)),
-    "NodeUnstageVolume": StateChange(_NODE, paths=("staging_target_path",)),
-    "NodePublishVolume": StateChange(_NODE, paths=("target_path",)),
-    "NodeUnpublishVolume": StateChange(_NODE, paths=("target_path",)),
+    **csi_tables.state_changes(csi_tables.REQUEST_CODES, _snapshot_ready),
+    "ControllerExpandVolume": StateChange(csi_tables.REQUEST_CODES),
+    "ControllerModifyVolume": StateChange(csi_tables.REQUEST_CODES),
+    "CreateVolumeGroupSnapshot": StateChange(csi_tables.CREATED_CODES, final=_group_ready),
+    "DeleteVolumeGroupSnapshot": StateChange(csi_tables.REQUEST_CODES),
     # OUT_OF_RANGE too: a volume that reached the target is no smaller on an identical repeat.
-    "NodeExpandVolume": StateChange(_REQUEST | {"FAILED_PRECONDITION", "OUT_OF_RANGE"}),
+    "NodeExpandVolume": StateChange(
+        csi_tables.REQUEST_CODES | {"FAILED_PRECONDITION", "OUT_OF_RANGE"}
+    ),
 }
 
-# csi.call-order's enforced case (NodePublishVolume of a volume unstaged on this node) has
-# no error row binding the plugin: its row is for a missing staging_target_path.
-ACCEPTED_NOT_JUDGED = frozenset({"csi.call-order"})
-
-# The checks of csi_common; the families in their own modules follow (merged below).
+# The checks of csi_common; csi_table adds the rule families of the csi_* modules.
 _BASE = _checks.hooks(
     TITLE,
     True,
@@ -523,18 +368,17 @@ _BASE = _checks.hooks(
     },
 )
 
-TABLE = SpecTable(
+TABLE = csi_tables.csi_table(
     spec="csi.v1",
-    family="csi",
     title=TITLE,
-    package="csi.v1",
+    v1=True,
+    capability_kinds=("plugin", "controller", "node", "group"),
+    own=(_BASE,),
     required=REQUIRED,
     required_caveat=REQUIRED_CAVEAT,
     size_overrides=SIZE_OVERRIDES,
     size_recommended=SIZE_RECOMMENDED,
     echoes=ECHOES,
-    repeated_total_limits={("VolumeCapability.MountVolume", "mount_flags"): 4096},
-    plugin_name_fields=(("GetPluginInfoResponse", "name"),),
     name_fields=(
         ("CreateVolumeRequest", "name"),
         ("CreateSnapshotRequest", "name"),
@@ -542,23 +386,8 @@ TABLE = SpecTable(
     ),
     non_negative=NON_NEGATIVE,
     absolute_paths=ABSOLUTE_PATHS,
-    topology_message="Topology",
-    topology_requirement_message="TopologyRequirement",
     error_codes=ERROR_CODES,
     general_codes=_GENERAL,
-    required_rpcs=frozenset({"GetPluginInfo", "GetPluginCapabilities", "Probe"}),
-    capability_queries={
-        "plugin": "/csi.v1.Identity/GetPluginCapabilities",
-        "controller": "/csi.v1.Controller/ControllerGetCapabilities",
-        "node": "/csi.v1.Node/NodeGetCapabilities",
-        "group": "/csi.v1.GroupController/GroupControllerGetCapabilities",
-    },
-    capability_responses={
-        "GetPluginCapabilities": "plugin",
-        "ControllerGetCapabilities": "controller",
-        "NodeGetCapabilities": "node",
-        "GroupControllerGetCapabilities": "group",
-    },
     rpc_gates=RPC_GATES,
     recommended_rpcs=CONTROLLER_RPCS,
     services=SERVICES,
@@ -567,15 +396,4 @@ TABLE = SpecTable(
     backoff=BACKOFF,
     backoff_rpc=BACKOFF_RPC,
     state_changes=STATE_CHANGES,
-    accepted_not_judged=ACCEPTED_NOT_JUDGED,
-    **merged(
-        _BASE,
-        csi_capabilities.hooks(TITLE, v1=True),
-        csi_consistency.hooks(TITLE, v1=True),
-        csi_order.hooks(TITLE, v1=True),
-        csi_responses.hooks(TITLE, v1=True),
-        csi_readonly.hooks(TITLE, v1=True),
-        csi_recovery.hooks(TITLE, v1=True),
-        csi_placement.hooks(TITLE, v1=True),
-    ),
 )

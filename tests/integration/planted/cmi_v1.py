@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.planted.cosi_cmi_builders import STATUS_DETAILS, without
+from tests.integration.planted.cosi_cmi_builders import STATUS_DETAILS, Builders, without
 from tests.integration.planted.harness import Case, Step
 
 SPEC = "cmi.v1"
@@ -28,37 +28,8 @@ ALL = caps(*BASE, "GET_MACHINE_STATUS", "LIST_MACHINES", "SHUTDOWN_MACHINE", "GE
 BG = {"GetPluginCapabilities": ALL}
 
 
-def one(
-    statements: tuple[str, ...],
-    rule: str,
-    rpc: str,
-    breach: tuple[dict[str, Any] | bytes, Any],
-    twin: tuple[dict[str, Any] | bytes, Any],
-    party: str = "",
-    why: str = "",
-    variant: str = "",
-    background: dict[str, Any] | None = None,
-) -> Case:
-    """One call: (request, answer) of the breach and of the twin; an answer of
-    (code, message) is an error."""
-
-    def step(pair: tuple[dict[str, Any] | bytes, Any]) -> Step:
-        request, answer = pair
-        if isinstance(answer, tuple):
-            return Step(rpc, request, error=answer)
-        return Step(rpc, request, answer=answer)
-
-    return Case(
-        SPEC,
-        statements,
-        rule,
-        breach=(step(breach),),
-        twin=(step(twin),),
-        background=BG if background is None else background,
-        party=party,
-        why=why,
-        variant=variant,
-    )
+_BUILDERS = Builders(SPEC, BG)
+one, retry = _BUILDERS.one, _BUILDERS.retry
 
 
 def unimplemented(statements: tuple[str, ...], rpc: str, request: Any, answer: Any) -> Case:
@@ -105,34 +76,6 @@ def accepted(statements: tuple[str, ...], rpc: str, request: Any, field: str, an
         (without(request, field), answer),
         (request, answer),
         party="plugin",
-    )
-
-
-def retry(
-    statements: tuple[str, ...],
-    rpc: str,
-    request: dict[str, Any],
-    code: str,
-    fixed: dict[str, Any],
-    answer: Any,
-    first: dict[str, Any] | None = None,
-    why: str = "",
-    variant: str = "",
-) -> Case:
-    """``request`` refused with ``code`` and sent again unchanged; the twin sends ``fixed``."""
-    return Case(
-        SPEC,
-        statements,
-        "cmi.retry-without-change",
-        breach=(Step(rpc, request, error=(code, "refused")), Step(rpc, request, answer=answer)),
-        twin=(
-            Step(rpc, first or request, error=(code, "refused")),
-            Step(rpc, fixed, answer=answer),
-        ),
-        background=BG,
-        party="co",
-        why=why,
-        variant=variant,
     )
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tests.integration.planted.cosi_cmi_builders import (
     STATUS_DETAILS,
+    Builders,
     grant_answer_bytes,
     without,
 )
@@ -22,63 +21,8 @@ GRANTED = {"account_id": "account-1", "credentials": {"s3": {"secrets": SECRETS}
 REVOKE = {"bucket_id": "bucket-1", "account_id": "account-1"}
 
 
-def one(
-    statements: tuple[str, ...],
-    rule: str,
-    rpc: str,
-    breach: tuple[dict[str, Any] | bytes, Any],
-    twin: tuple[dict[str, Any] | bytes, Any],
-    party: str = "",
-    why: str = "",
-    variant: str = "",
-) -> Case:
-    """One call: (request, answer) of the breach and of the twin; an answer of
-    (code, message) is an error."""
-
-    def step(pair: tuple[dict[str, Any] | bytes, Any]) -> Step:
-        request, answer = pair
-        if isinstance(answer, tuple):
-            return Step(rpc, request, error=answer)
-        return Step(rpc, request, answer=answer)
-
-    return Case(
-        SPEC,
-        statements,
-        rule,
-        breach=(step(breach),),
-        twin=(step(twin),),
-        party=party,
-        why=why,
-        variant=variant,
-    )
-
-
-def retry(
-    statements: tuple[str, ...],
-    rpc: str,
-    request: dict[str, Any],
-    code: str,
-    fixed: dict[str, Any],
-    answer: Any,
-    first: dict[str, Any] | None = None,
-    why: str = "",
-    variant: str = "",
-) -> Case:
-    """``request`` refused with ``code`` and sent again unchanged; the twin sends ``fixed``."""
-    return Case(
-        SPEC,
-        statements,
-        "cosi.retry-without-change",
-        breach=(Step(rpc, request, error=(code, "refused")), Step(rpc, request, answer=answer)),
-        twin=(
-            Step(rpc, first or request, error=(code, "refused")),
-            Step(rpc, fixed, answer=answer),
-        ),
-        party="co",
-        why=why,
-        variant=variant,
-    )
-
+_BUILDERS = Builders(SPEC)
+one, retry = _BUILDERS.one, _BUILDERS.retry
 
 BAD_PARAMS = {**CREATE, "parameters": {"tier": "standrad"}}
 

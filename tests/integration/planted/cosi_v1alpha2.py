@@ -4,7 +4,7 @@ scheme. Protocols and answers compared with earlier calls: cosi_v1alpha2_answers
 
 from __future__ import annotations
 
-from tests.integration.planted.cosi_cmi_builders import STATUS_DETAILS
+from tests.integration.planted.cosi_cmi_builders import STATUS_DETAILS, without
 from tests.integration.planted.cosi_v1alpha2_builders import (
     CREATE,
     CREATED,
@@ -24,7 +24,6 @@ from tests.integration.planted.cosi_v1alpha2_builders import (
     SERVICE_ACCOUNT,
     one,
     steps,
-    without,
 )
 from tests.integration.planted.harness import Case, Step
 

@@ -6,9 +6,7 @@ asks for it itself before judging the protocols of a create, get or grant.
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.integration.planted.harness import Case, Step
+from tests.integration.planted.cosi_cmi_builders import Builders
 
 SPEC = "cosi.v1alpha2"
 DRIVER = "cosi.example.com"
@@ -68,49 +66,5 @@ SA_GRANT = {**GRANT_ONE, "authentication_type": SERVICE_ACCOUNT, "service_accoun
 SA_GRANTED = {**GRANTED_ONE, "credentials": {}}
 
 
-def without(message: dict[str, Any], *fields: str) -> dict[str, Any]:
-    return {k: v for k, v in message.items() if k not in fields}
-
-
-def one(
-    statements: tuple[str, ...],
-    rule: str,
-    rpc: str,
-    breach: tuple[dict[str, Any] | bytes, Any],
-    twin: tuple[dict[str, Any] | bytes, Any],
-    party: str = "",
-    why: str = "",
-    variant: str = "",
-) -> Case:
-    """One call: (request, answer) of the breach and of the twin; an answer of
-    (code, message) is an error."""
-
-    def step(pair: tuple[dict[str, Any] | bytes, Any]) -> Step:
-        request, answer = pair
-        if isinstance(answer, tuple):
-            return Step(rpc, request, error=answer)
-        return Step(rpc, request, answer=answer)
-
-    return Case(
-        SPEC,
-        statements,
-        rule,
-        breach=(step(breach),),
-        twin=(step(twin),),
-        background=BACKGROUND,
-        party=party,
-        why=why,
-        variant=variant,
-    )
-
-
-def steps(
-    statements: tuple[str, ...],
-    rule: str,
-    breach: tuple[Step, ...],
-    twin: tuple[Step, ...],
-    party: str = "",
-    why: str = "",
-    variant: str = "",
-) -> Case:
-    return Case(SPEC, statements, rule, breach, twin, BACKGROUND, party, why, variant)
+_BUILDERS = Builders(SPEC, BACKGROUND)
+one, steps = _BUILDERS.one, _BUILDERS.steps
