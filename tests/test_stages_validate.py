@@ -739,17 +739,6 @@ def co_and_plugin(proxy) -> set[tuple[str, str, str, str]]:
     }
 
 
-def test_status_details_are_counted_in_the_decoded_status():
-    from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
-
-    code = grpc.StatusCode.NOT_FOUND
-    assert validate.status_details_count(status_bytes(code, "volume gone")) == 0
-    assert validate.status_details_count(b"") == 0
-    assert validate.status_details_count(status_details_bytes(code, "x")) == 1
-    assert validate.status_details_count(b"\xff\xff\xff") is None  # not a message
-    assert validate.status_details_count(b"\x1a\x05ab") is None  # cut short
-
-
 @pytest.mark.parametrize(
     ("knobs", "expected"),
     [
@@ -1116,18 +1105,3 @@ async def test_a_descriptor_sets_rules_take_modes_and_judge_no_spec_error_scheme
         validate.parse_rule_modes(
             [f"{VAULT}.required-field=off"], validate.known_rules(Registry(["csi.v1"]))
         )
-
-
-def test_unreadable_text_names_control_characters_and_bytes_that_were_not_utf8():
-    from plugproxy.stages.validate import unreadable_text
-
-    assert unreadable_text("volume not found:\n\tno such volume\r\n") is None
-    assert unreadable_text("naïve — ünïcode ✓") is None
-    assert unreadable_text("bad\x00\x1b[31m") == "2 control character(s)"
-    assert unreadable_text("caf\ufffd") == (
-        "1 byte sequence(s) that are not UTF-8 (read as U+FFFD)"
-    )
-    # what the frame relay makes of a message whose bytes are not UTF-8
-    from plugproxy.relay.hpackcodec import percent_decode
-
-    assert unreadable_text(percent_decode(b"caf%C3")) is not None
