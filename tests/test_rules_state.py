@@ -42,6 +42,7 @@ def memories(state: SpecState) -> list[tuple[str, ExpiringMap[Any, Any]]]:
     found: list[tuple[str, ExpiringMap[Any, Any]]] = [
         ("SpecState.volumes", state.volumes),
         ("SpecState.creates", state.creates),
+        ("SpecState.publications", state.publications),
     ]
     for part in state.parts():
         for name in dir(part):
@@ -194,7 +195,7 @@ def test_no_memory_holds_more_objects_than_the_bound_after_any_call():
     # the traffic filled the lifecycle's, the families' and the generic rules' memories
     full = {name for name, most in peak.items() if most == BOUND}
     assert {"SpecState.volumes", "SpecState.creates", "GenericMemory.changed"} <= full
-    assert {"ConsistencyState.publishes", "OrderState.volumes", "RecoveryMemory.names"} <= full
+    assert {"SpecState.publications", "OrderState.volumes", "RecoveryMemory.names"} <= full
     assert len(full) >= 15, sorted(full)
 
 
@@ -206,10 +207,11 @@ def test_the_lifecycle_state_keeps_no_empty_collections_per_volume():
     j.publish("vol-1")
     state = j.state.peek("vol-1")
     assert state is not None
-    assert state.controller_nodes == (NODE,) and state.staged == () and state.published == ()
+    assert j.state.controller_nodes("vol-1") == (NODE,)
+    assert state.staged == () and state.published == ()
     j.publish("vol-1")  # again: held once
     j.unpublish("vol-1")
-    assert j.state.peek("vol-1") is not None and j.state.peek("vol-1").controller_nodes == ()
+    assert j.state.peek("vol-1") is not None and j.state.controller_nodes("vol-1") == ()
 
 
 # -- forgotten past the bound: missed, never false ----------------------------------------

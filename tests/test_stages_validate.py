@@ -593,7 +593,7 @@ async def test_delete_of_a_volume_seen_published_is_judged_on_the_plugins_answer
             "ControllerPublishVolume", volume_id=vid, node_id=info.node_id, volume_capability=cap
         )
         state = stage_of(proxy)._plans[DELETE].state  # the proxy's memory: "published"
-        assert state.peek(vid) is not None and state.peek(vid).controller_nodes
+        assert state.peek(vid) is not None and state.controller_nodes(vid)
         # the unpublish went through another replica, straight to the storage system
         direct = SpecClient(f"unix://{tmp_path}/plugin.sock", "csi.v1")
         try:

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from plugproxy.core.memory import ExpiringMap, ago
 from plugproxy.rules import (
     csi_capabilities,
-    csi_consistency,
+    csi_listings,
     csi_order,
     csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
+    csi_snapshots,
+    csi_volumes,
 )
 from plugproxy.rules.csi_common import (
     CREATE_SNAPSHOT_ARGUMENTS,
@@ -509,7 +511,9 @@ TABLE = SpecTable(
         _NODE_GET_ID,
         _DELETE_BY_NAME,
         csi_capabilities.hooks(TITLE, v1=False),
-        csi_consistency.hooks(TITLE, v1=False),
+        csi_volumes.hooks(TITLE, v1=False),
+        csi_snapshots.hooks(TITLE, v1=False),
+        csi_listings.hooks(TITLE),
         csi_order.hooks(TITLE, v1=False),
         csi_responses.hooks(TITLE, v1=False),
         csi_readonly.hooks(TITLE, v1=False),

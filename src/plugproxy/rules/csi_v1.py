@@ -21,12 +21,15 @@ from typing import Any
 
 from plugproxy.rules import (
     csi_capabilities,
-    csi_consistency,
+    csi_listings,
+    csi_metadata,
     csi_order,
     csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
+    csi_snapshots,
+    csi_volumes,
 )
 from plugproxy.rules.csi_common import (
     CREATE_SNAPSHOT_ARGUMENTS,
@@ -571,7 +574,10 @@ TABLE = SpecTable(
     **merged(
         _BASE,
         csi_capabilities.hooks(TITLE, v1=True),
-        csi_consistency.hooks(TITLE, v1=True),
+        csi_volumes.hooks(TITLE, v1=True),
+        csi_snapshots.hooks(TITLE, v1=True),
+        csi_listings.hooks(TITLE),
+        csi_metadata.hooks(TITLE),
         csi_order.hooks(TITLE, v1=True),
         csi_responses.hooks(TITLE, v1=True),
         csi_readonly.hooks(TITLE, v1=True),
