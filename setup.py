@@ -1,11 +1,11 @@
 """Builds plugproxy, with its hot path compiled by mypyc where a C compiler is present.
 
 The modules in COMPILED are what every call runs (docs/performance.md, "The compiled
-build"): the frame relay, the stage chain, the default stages' per-call hooks, the redactor
-and the rule engine. They stay ordinary typed Python, the code everyone reads and tests; mypyc
-turns the same files into C extensions at install time. Without a C compiler, with
-PLUGPROXY_COMPILE=0, or for an editable install (whose sources must stay live), the
-package is built as pure Python and behaves the same; the build says once why.
+build"): the frame relay, the stage chain, the default stages' per-call hooks, the redactor,
+the rule engine and the generic rules. They stay ordinary typed Python, the code everyone
+reads and tests; mypyc turns the same files into C extensions at install time. Without a C
+compiler, with PLUGPROXY_COMPILE=0, or for an editable install (whose sources must stay
+live), the package is built as pure Python and behaves the same; the build says once why.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ COMPILED = [
     "src/plugproxy/stages/serialize.py",
     "src/plugproxy/stages/validate.py",
     "src/plugproxy/rules/engine.py",
+    "src/plugproxy/rules/generic.py",
     "src/plugproxy/core/memory.py",
     "src/plugproxy/rules/state.py",
 ]

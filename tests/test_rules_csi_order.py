@@ -1,7 +1,7 @@
 """CSI call order and publication answers judged from this socket's own history
 (rules/csi_order.py): each rule planted by the party it judges, the same calls made
 legitimately, and the Kubernetes, HA and restart cases that must stay quiet; through the real
-validate stage driven in-process (the Proxy of test_rules_csi_consistency)."""
+validate stage driven in-process (the Proxy of tests/csi_harness.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-import tests.test_rules_csi_consistency as consistency
 from plugproxy.core.memory import HANDOVER
 from plugproxy.rules import TABLES
 from plugproxy.rules.csi_order import OrderChecks, OrderState
-from tests.test_rules_csi_consistency import NODE, OTHER, RWO, RWX, V1_CAPS, Proxy
+from tests import csi_harness as harness
+from tests.csi_harness import NODE, OTHER, RWO, RWX, V1_CAPS, Proxy
 
 MINE: dict[str, str] = {
     "csi.unpublish-not-published-refused": "MUST",
@@ -25,7 +25,7 @@ MINE: dict[str, str] = {
 @pytest.fixture(autouse=True)
 def _family(monkeypatch: pytest.MonkeyPatch) -> None:
     # the Proxy reports the rules of its module's FAMILY: add this family's
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | set(MINE))
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | set(MINE))
 
 
 def test_the_family_defines_its_rules_in_both_versions_and_enforces_none():
@@ -381,7 +381,7 @@ def test_a_message_naming_the_node_is_enough():
     class _Call:
         details = f"volume vol-1 is attached to {NODE}"
 
-    info = consistency.REG.lookup(p.paths["ControllerPublishVolume"])
+    info = harness.REG.lookup(p.paths["ControllerPublishVolume"])
     assert info.request_class is not None
     req = info.request_class(volume_id="vol-1", node_id=OTHER, volume_capability=RWO)
     found = list(checks.conflict_message(cs, p.state, _Call(), req, "FAILED_PRECONDITION"))  # type: ignore[arg-type]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests import test_rules_csi_consistency as consistency
-from tests.test_rules_csi_consistency import RWO, Proxy
+from tests import csi_harness as harness
+from tests.csi_harness import RWO, Proxy
 
 RULE = "csi.node-outside-volume-topology"
 REGION, ZONE = "example.com/region", "example.com/zone"
@@ -14,7 +14,7 @@ REGION, ZONE = "example.com/region", "example.com/zone"
 
 @pytest.fixture(autouse=True)
 def _judged_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {RULE})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {RULE})
 
 
 def stage(p: Proxy, vid: str = "vol-1") -> set[str]:

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 
 from plugproxy.rules.csi_readonly import REPEAT_WINDOW
-from tests import test_rules_csi_consistency as consistency
-from tests.test_rules_csi_consistency import RWO, Proxy
+from tests import csi_harness as harness
+from tests.csi_harness import RWO, Proxy
 
 RULE = "csi.validate-not-idempotent"
 
 
 @pytest.fixture(autouse=True)
 def _judged_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {RULE})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {RULE})
 
 
 def validate(p: Proxy, confirmed: bool, code: str = "OK", vid: str = "vol-1") -> set[str]:
@@ -70,7 +70,7 @@ def listing(p: Proxy, ids: list[str], token: str = "", next_token: str = "") -> 
 @pytest.mark.parametrize("spec", ["csi.v1", "csi.v0"])
 def test_a_listing_lacking_a_volume_just_made_is_found_and_only_then(spec: str) -> None:
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(consistency, "FAMILY", consistency.FAMILY | {MISSING})
+    monkey.setattr(harness, "FAMILY", harness.FAMILY | {MISSING})
     try:
         p = Proxy(spec)
         p.create("vol-1")
@@ -98,7 +98,7 @@ REGRESSED = "csi.snapshot-ready-regressed"
 def test_a_validation_contradicting_the_create_is_found_and_only_then(
     spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {CONTRADICTS})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {CONTRADICTS})
     p = Proxy(spec)
     p.create("vol-1")
     assert CONTRADICTS in validate(p, False)
@@ -119,7 +119,7 @@ def test_a_validation_contradicting_the_create_is_found_and_only_then(
 def test_a_ready_snapshot_answered_as_processing_again_is_found(
     spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {REGRESSED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {REGRESSED})
     p = Proxy(spec)
 
     def listed(ready: bool) -> set[str]:
@@ -142,9 +142,9 @@ WRITER = "csi.single-node-writer-refused"
 def test_single_node_writer_refused_where_a_newer_mode_is_confirmed_is_found(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {WRITER})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {WRITER})
     caps = {
-        **consistency.V1_CAPS,
+        **harness.V1_CAPS,
         "controller": {"CREATE_DELETE_VOLUME", "SINGLE_NODE_MULTI_WRITER"},
     }
     p = Proxy(caps=caps)

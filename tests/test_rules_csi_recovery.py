@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests import test_rules_csi_consistency as consistency
-from tests.test_rules_csi_consistency import NODE, RWO, Proxy
+from tests import csi_harness as harness
+from tests.csi_harness import NODE, RWO, Proxy
 
 DELETED = "csi.retry-deleted-object"
 SNAPSHOTS = "csi.delete-retry-with-snapshots"
@@ -15,7 +15,7 @@ PUBLISHED = "csi.expand-retry-while-published"
 
 @pytest.fixture(autouse=True)
 def _judged_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {DELETED, SNAPSHOTS, PUBLISHED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {DELETED, SNAPSHOTS, PUBLISHED})
 
 
 def publish(p: Proxy, code: str = "OK") -> set[str]:
@@ -88,7 +88,7 @@ ANSWERED = "csi.deleted-object-answered"
 def test_an_ok_for_a_volume_deleted_here_within_a_lease_is_found(
     spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ANSWERED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {ANSWERED})
     p = Proxy(spec)
     p.create("vol-1")
     p.call("DeleteVolume", {"volume_id": "vol-1"})
@@ -104,7 +104,7 @@ def test_an_ok_for_a_volume_deleted_here_within_a_lease_is_found(
 
 
 def test_an_ok_for_a_snapshot_deleted_here_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ANSWERED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {ANSWERED})
     p = Proxy()
     p.call("DeleteSnapshot", {"snapshot_id": "snap-1"})
     snap = {"snapshot_id": "snap-1", "source_volume_id": "v", "ready_to_use": True}
@@ -118,7 +118,7 @@ REUSED, VOLUME_REUSED = "csi.name-reused", "csi.volume-name-reused"
 def test_a_snapshot_name_reused_for_another_source_within_a_lease_is_found(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {REUSED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {REUSED})
     p = Proxy()
 
     def snap(source: str, sid: str) -> set[str]:
@@ -140,7 +140,7 @@ def test_a_snapshot_name_reused_for_another_source_within_a_lease_is_found(
 def test_a_second_volume_for_a_name_is_advised_against_in_v1_only(
     spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {VOLUME_REUSED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {VOLUME_REUSED})
     p = Proxy(spec)
     p.create("vol-1", name="pvc-1")
     other = {"capacity_range": {"required_bytes": 5 << 30}}
@@ -194,7 +194,7 @@ def test_snapshot_and_volume_repeats_with_other_secrets_or_map_order_are_judged(
 
 
 def test_one_id_for_two_names_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
     p = Proxy()
 
     def snap(name: str, source: str, sid: str) -> set[str]:
@@ -218,7 +218,7 @@ def test_one_id_for_two_names_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_one_id_for_two_names_is_not_judged_in_v0(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {ID_REUSED, VOLUME_ID_REUSED})
     p = Proxy("csi.v0")
     p.create("vol-1", name="pvc-1")
     assert not {ID_REUSED, VOLUME_ID_REUSED} & p.create("vol-1", name="pvc-2")
@@ -232,7 +232,7 @@ def test_a_snapshot_listed_after_its_delete_answered_is_found(
     spec: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # CSI v1.12 / v0.3 §ListSnapshots: a listing holds the snapshots the storage system has
-    monkeypatch.setattr(consistency, "FAMILY", consistency.FAMILY | {LISTED})
+    monkeypatch.setattr(harness, "FAMILY", harness.FAMILY | {LISTED})
     p = Proxy(spec)
     sid = "snapshot_id" if spec == "csi.v1" else "id"
     extra = {"ready_to_use": True} if spec == "csi.v1" else {"status": {"type": "READY"}}

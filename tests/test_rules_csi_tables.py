@@ -12,13 +12,16 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from plugproxy.rules import (
     TABLES,
     csi_capabilities,
-    csi_consistency,
+    csi_listings,
+    csi_metadata,
     csi_order,
     csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
+    csi_snapshots,
     csi_tables,
+    csi_volumes,
 )
 from plugproxy.rules.engine import CO, MUST, Hooks, Rule, Violation, merged
 from plugproxy.spec.csi_names import CSI_V0_NAMES, CSI_V1_NAMES, CsiNames
@@ -146,7 +149,10 @@ def test_a_table_runs_its_own_checks_first_then_the_csi_families() -> None:
     )
     families = merged(
         csi_capabilities.hooks("Example", v1=True),
-        csi_consistency.hooks("Example", v1=True),
+        csi_volumes.hooks("Example", v1=True),
+        csi_snapshots.hooks("Example", v1=True),
+        csi_listings.hooks("Example"),
+        csi_metadata.hooks("Example"),
         csi_order.hooks("Example", v1=True),
         csi_responses.hooks("Example", v1=True),
         csi_readonly.hooks("Example", v1=True),

@@ -20,10 +20,21 @@ from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
 from plugproxy.core.log import Logger
 from plugproxy.core.memory import HANDOVER
 from plugproxy.fakes import FailureRule, FakeKnobs, FakePluginHandle, SpecClient, start_fake_plugin
+from plugproxy.rules import TABLES
+from plugproxy.rules.engine import Violation, compile_table
+from plugproxy.rules.generic import (
+    RETRY_TTL,
+    BackoffSeries,
+    GenericMemory,
+    answered_by_plugin,
+    backs_off,
+    generic_rules,
+    status_details_count,
+    unreadable_text,
+)
 from plugproxy.rules.state import SpecState
 from plugproxy.spec.registry import Registry, load_spec
-from plugproxy.stages import validate
-from plugproxy.stages.validate import GenericMemory, ValidateStage
+from plugproxy.stages.validate import ValidateStage
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 from tests.support import channel, start_proxy, wait_until
 from tests.test_relay_conformance import (
@@ -722,7 +733,8 @@ async def test_a_retry_after_aborted_while_another_call_for_the_volume_is_in_fli
     assert ("retry-while-pending", "co") not in await driver.call(
         "csi.v1", "NodePublishVolume", publish_request()
     )
-    assert driver.stage._plans[driver.paths[("csi.v1", "NodePublishVolume")]].memory.in_flight == {}
+    plan = driver.stage._plans[driver.paths[("csi.v1", "NodePublishVolume")]]
+    assert plan.generic.memory.in_flight == {}
 
 
 async def test_only_the_retry_of_the_aborted_call_for_the_same_object_is_judged(driver):
@@ -782,7 +794,7 @@ async def test_a_real_co_retrying_while_its_other_call_waits_for_the_volume(tmp_
         slow = asyncio.ensure_future(
             client.call("ValidateVolumeCapabilities", volume_id=volume, volume_capabilities=[cap])
         )
-        memory = stage_of(proxy)._plans["/csi.v1.Controller/ControllerGetVolume"].memory
+        memory = stage_of(proxy)._plans["/csi.v1.Controller/ControllerGetVolume"].generic.memory
         await wait_until(lambda: bool(memory.in_flight))  # the slow call reached the proxy
         await client.call("ControllerGetVolume", volume_id=volume)
         await slow
@@ -900,7 +912,7 @@ def test_backoff_and_pending_memory_is_bounded():
     mem = GenericMemory(SpecState(max_volumes=3))
     for i in range(10):
         mem.aborted[("NodeStageVolume", f"volume:{i}")] = 0.0
-        mem.backoff[("NodeStageVolume", bytes([i]))] = validate.BackoffSeries("ABORTED", 0.0, [])
+        mem.backoff[("NodeStageVolume", bytes([i]))] = BackoffSeries("ABORTED", 0.0, [])
     assert len(mem.aborted) == 3 and len(mem.backoff) == 3
 
 
@@ -1490,7 +1502,7 @@ async def test_an_unfixed_retry_is_forgotten_after_ten_minutes_and_memory_is_bou
     clock.now += 601
     changed = create_request(capacity_range={"required_bytes": 1 << 40}, parameters={"a": "b"})
     assert not unfixed(await d.call("csi.v1", "CreateVolume", changed))
-    mem = d.stage._plans[d.paths[("csi.v1", "CreateVolume")]].memory
+    mem = d.stage._plans[d.paths[("csi.v1", "CreateVolume")]].generic.memory
     assert mem.unfixed.maxsize == mem.refused.maxsize
 
 
@@ -1510,3 +1522,217 @@ async def test_a_real_co_changing_a_retry_but_not_the_capacity_range(tmp_path):
         }
     assert ("csi.retry-unfixed", "co", 1) in found_rules
     assert not any(r == "csi.retry-without-change" for r, _, _ in found_rules)
+
+
+# == the family alone: each step of a call told by hand, no stage =================================
+
+
+RWO_CAP = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
+
+
+class Steps:
+    """csi.v1's generic rules (plugproxy.rules.generic) as the stage tells them a call's steps,
+    with a clock of the test's own."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.registry = Registry(["csi.v1"])
+        self.methods = {m.name: m for m in self.registry.methods("csi.v1")}
+        spec = self.methods["CreateVolume"].spec
+        assert spec is not None
+        self.cs = compile_table(TABLES["csi.v1"], spec)
+        self.state = SpecState(clock=self.clock)
+        self.rules = {n: generic_rules(self.cs, self.state, m) for n, m in self.methods.items()}
+
+    def arrive(self, rpc: str, connection: int = 0, **fields: Any) -> tuple[Call, list[str]]:
+        """A request came and was checked: the call and what arrived and retried found."""
+        method = self.methods[rpc]
+        assert method.request_class is not None
+        call = Call(method, (), [], None, connection=connection)
+        raw = method.request_class(**fields).SerializeToString()
+        call.request = LazyMessage(raw, method.request_class)
+        rules = self.rules[rpc]
+        found = [*rules.arrived(call)] if rules.judges_arrival else []
+        retried = rules.retried(call)
+        if retried is not None:
+            found.append(retried)
+        return call, [v.rule.id for v in found]
+
+    def answer(
+        self,
+        call: Call,
+        code: StatusCode = StatusCode.OK,
+        details: str = "the plugin says no",
+        accepted: list[Violation] | None = None,
+        raw_status: str | None = None,
+    ) -> list[str]:
+        """The call ended with ``code``: the rule ids the family found, in order."""
+        rules = self.rules[call.method.name]
+        call.code, call.details, call.raw_status = code, details, raw_status
+        found = [*rules.ended(call, accepted)]
+        if code is not StatusCode.OK and answered_by_plugin(call):
+            found += rules.error_status(call)
+        return [v.rule.id for v in found]
+
+    def call(self, rpc: str, code: StatusCode = StatusCode.OK, **fields: Any) -> list[str]:
+        call, before = self.arrive(rpc, **fields)
+        return before + self.answer(call, code)
+
+
+def test_backs_off_only_for_waits_that_grow():
+    assert backs_off([0.5, 1.0, 2.0])  # kubelet: doubling
+    assert backs_off([1.0, 1.2, 1.6])  # the last at least half as long again as the first
+    assert not backs_off([1.0, 1.0, 1.0])  # a steady pace
+    assert not backs_off([1.0, 1.001, 1.0015])  # a steady pace's timing noise
+    assert not backs_off([1.0, 1.3, 0.8])  # a burst with jitter
+    # a doubling wait behind a steady overhead of the caller's own: steps that double
+    assert backs_off([1.0, 1.1, 1.3])
+
+
+def test_the_family_judges_an_unchanged_retry_of_a_refused_request():
+    f = Steps()
+    bad = {"name": "pvc-1", "capacity_range": {"required_bytes": 1 << 40}}
+    call, found = f.arrive("CreateVolume", **bad)
+    assert found == []
+    assert f.answer(call, StatusCode.INVALID_ARGUMENT) == []
+    assert f.call("CreateVolume", StatusCode.INVALID_ARGUMENT, **bad) == [
+        "csi.retry-without-change"
+    ]
+    # a changed request is the fix; ten minutes later the refusal is forgotten
+    assert f.arrive("CreateVolume", name="pvc-2")[1] == []
+    f.clock.now += RETRY_TTL + 1
+    assert f.arrive("CreateVolume", **bad)[1] == []
+
+
+def test_the_family_forgets_a_refusal_the_plugin_answered_otherwise_since():
+    f = Steps()
+    bad = {"name": "pvc-1"}
+    f.call("CreateVolume", StatusCode.INVALID_ARGUMENT, **bad)
+    call, found = f.arrive("CreateVolume", **bad)
+    assert found == ["csi.retry-without-change"]
+    assert f.answer(call) == []  # OK this time
+    assert f.arrive("CreateVolume", **bad)[1] == []
+
+
+def test_the_family_judges_a_retry_keeping_the_fields_the_refusal_names():
+    f = Steps()
+    big = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 1 << 40}}
+    f.call("ControllerExpandVolume", StatusCode.OUT_OF_RANGE, **big)
+    assert f.arrive("ControllerExpandVolume", **big, secrets={"k": "v"})[1] == ["csi.retry-unfixed"]
+    small = {"volume_id": "vol-1", "capacity_range": {"required_bytes": 1 << 30}}
+    assert f.arrive("ControllerExpandVolume", **small)[1] == []
+
+
+def test_the_family_judges_a_failed_repeat_of_a_successful_state_change():
+    f = Steps()
+    stage = {"volume_id": "vol-1", "staging_target_path": "/s", "volume_capability": RWO_CAP}
+    assert f.call("NodeStageVolume", **stage) == []
+    assert f.call("NodeStageVolume", StatusCode.UNAVAILABLE, **stage) == []  # transient
+    assert f.call("NodeStageVolume", StatusCode.FAILED_PRECONDITION, **stage) == [
+        "csi.not-idempotent"
+    ]
+    # another change of the volume since: the repeat is unknown ground again
+    f.call("NodeUnstageVolume", volume_id="vol-1", staging_target_path="/s")
+    assert f.call("NodeStageVolume", StatusCode.FAILED_PRECONDITION, **stage) == []
+
+
+def test_the_family_judges_a_retry_while_the_pending_operation_is_in_flight():
+    f = Steps()
+    stage = {"volume_id": "vol-1", "staging_target_path": "/s", "volume_capability": RWO_CAP}
+    busy, _ = f.arrive("NodeStageVolume", **stage)
+    f.call("NodeStageVolume", StatusCode.ABORTED, **stage)
+    call, found = f.arrive("NodeStageVolume", **stage)
+    assert "csi.retry-while-pending" in found
+    f.answer(call)
+    f.answer(busy)
+    assert f.rules["NodeStageVolume"].memory.in_flight == {}  # landed: counted no more
+    # the caller waited for the other call this time
+    f.call("NodeStageVolume", StatusCode.ABORTED, **stage)
+    assert "csi.retry-while-pending" not in f.arrive("NodeStageVolume", **stage)[1]
+
+
+def test_the_family_judges_resends_after_back_off_answers_that_do_not_wait_longer():
+    f = Steps()
+    for waits, judged in (([1.0, 1.0, 1.0], True), ([1.0, 2.0, 4.0], False)):
+        found: list[str] = []
+        name = f"pvc-{judged}"
+        f.call("CreateVolume", StatusCode.ABORTED, name=name)
+        for wait in waits:
+            f.clock.now += wait
+            found += f.call("CreateVolume", StatusCode.ABORTED, name=name)
+        assert ("csi.retry-without-backoff" in found) is judged, waits
+
+
+def test_the_family_judges_an_unimplemented_rpc_once_the_service_shows_served():
+    f = Steps()
+    f.state.set_capabilities("controller", frozenset())
+    # the Node service not yet seen served: nothing to judge yet, but remembered
+    assert f.call("NodeGetCapabilities", StatusCode.UNIMPLEMENTED) == []
+    f.clock.now += 3600
+    assert f.call("NodeGetInfo") == ["csi.unimplemented-advertised"]
+    assert f.call("NodeGetInfo") == []  # judged once
+    # once served, an UNIMPLEMENTED of an RPC the service requires is judged at once
+    assert f.call("NodePublishVolume", StatusCode.UNIMPLEMENTED) == ["csi.unimplemented-advertised"]
+
+
+def test_the_family_judges_the_plugins_answer_to_a_bad_request():
+    f = Steps()
+    bad = f.cs.rule("required-field")
+    breach = [Violation(bad, "name", "name is missing")]
+    call, _ = f.arrive("CreateVolume")
+    assert f.answer(call, accepted=breach) == ["csi.bad-request-accepted"]
+    call, _ = f.arrive("CreateVolume")
+    assert f.answer(call, StatusCode.NOT_FOUND, accepted=breach) == ["csi.bad-request-wrong-code"]
+    for code in (StatusCode.INVALID_ARGUMENT, StatusCode.UNAVAILABLE):  # prescribed; first
+        call, _ = f.arrive("CreateVolume")
+        assert "csi.bad-request-wrong-code" not in f.answer(call, code, accepted=breach)
+
+
+def test_the_family_judges_the_status_the_plugin_sent():
+    f = Steps()
+    call, _ = f.arrive("ControllerGetVolume", volume_id="vol-1")
+    assert f.answer(call, StatusCode.UNKNOWN, raw_status="17") == ["csi.status-code-not-canonical"]
+    call, _ = f.arrive("ControllerGetVolume", volume_id="vol-1")
+    assert f.answer(call, StatusCode.NOT_FOUND, details="", raw_status="5") == [
+        "csi.error-message-empty"
+    ]
+    call, _ = f.arrive("ControllerGetVolume", volume_id="vol-1")
+    assert f.answer(call, StatusCode.ALREADY_EXISTS) == ["csi.error-code-unexpected"]
+
+
+def test_the_proxys_own_answers_and_cancellations_are_not_the_plugins():
+    f = Steps()
+    call, _ = f.arrive("ControllerGetVolume", volume_id="vol-1")
+    call.code, call.details = StatusCode.NOT_FOUND, "gone"
+    assert answered_by_plugin(call)
+    call.details = "plugproxy: not ready"
+    assert not answered_by_plugin(call)
+    call.code, call.details = StatusCode.CANCELLED, "gone"
+    assert not answered_by_plugin(call)
+    # not the plugin's: no status judgement, and no refusal remembered
+    assert f.answer(call, StatusCode.DEADLINE_EXCEEDED, details="") == []
+    assert f.rules["ControllerGetVolume"].memory.refused_until == 0.0
+
+
+def test_status_details_are_counted_in_the_decoded_status():
+    from plugproxy.fakes.misbehave import status_bytes, status_details_bytes
+
+    code = grpc.StatusCode.NOT_FOUND
+    assert status_details_count(status_bytes(code, "volume gone")) == 0
+    assert status_details_count(b"") == 0
+    assert status_details_count(status_details_bytes(code, "x")) == 1
+    assert status_details_count(b"\xff\xff\xff") is None  # not a message
+    assert status_details_count(b"\x1a\x05ab") is None  # cut short
+
+
+def test_unreadable_text_names_control_characters_and_bytes_that_were_not_utf8():
+    assert unreadable_text("volume not found:\n\tno such volume\r\n") is None
+    assert unreadable_text("naïve — ünïcode ✓") is None
+    assert unreadable_text("bad\x00\x1b[31m") == "2 control character(s)"
+    assert unreadable_text("caf\ufffd") == (
+        "1 byte sequence(s) that are not UTF-8 (read as U+FFFD)"
+    )
+    # what the frame relay makes of a message whose bytes are not UTF-8
+    from plugproxy.relay.hpackcodec import percent_decode
+
+    assert unreadable_text(percent_decode(b"caf%C3")) is not None

@@ -42,6 +42,7 @@ def memories(state: SpecState) -> list[tuple[str, ExpiringMap[Any, Any]]]:
     found: list[tuple[str, ExpiringMap[Any, Any]]] = [
         ("SpecState.volumes", state.volumes),
         ("SpecState.creates", state.creates),
+        ("SpecState.publications", state.publications),
     ]
     for part in state.parts():
         for name in dir(part):
@@ -194,7 +195,7 @@ def test_no_memory_holds_more_objects_than_the_bound_after_any_call():
     # the traffic filled the lifecycle's, the families' and the generic rules' memories
     full = {name for name, most in peak.items() if most == BOUND}
     assert {"SpecState.volumes", "SpecState.creates", "GenericMemory.changed"} <= full
-    assert {"ConsistencyState.publishes", "OrderState.volumes", "RecoveryMemory.names"} <= full
+    assert {"SpecState.publications", "OrderState.volumes", "RecoveryMemory.names"} <= full
     assert len(full) >= 15, sorted(full)
 
 
@@ -206,10 +207,11 @@ def test_the_lifecycle_state_keeps_no_empty_collections_per_volume():
     j.publish("vol-1")
     state = j.state.peek("vol-1")
     assert state is not None
-    assert state.controller_nodes == (NODE,) and state.staged == () and state.published == ()
+    assert j.state.controller_nodes("vol-1") == (NODE,)
+    assert state.staged == () and state.published == ()
     j.publish("vol-1")  # again: held once
     j.unpublish("vol-1")
-    assert j.state.peek("vol-1") is not None and j.state.peek("vol-1").controller_nodes == ()
+    assert j.state.peek("vol-1") is not None and j.state.controller_nodes("vol-1") == ()
 
 
 # -- forgotten past the bound: missed, never false ----------------------------------------
@@ -439,3 +441,22 @@ def test_a_node_dropped_from_a_volumes_own_list_may_be_where_it_is_published():
     for i in range(300):
         assert published(j, f"node-{i + 2}") == set()
     assert staged(j) == set()
+
+
+def test_a_volumes_publications_live_as_long_as_the_volume_is_in_use():
+    """A volume published long ago and used on its node since is still published: the
+    lifecycle rules (csi.delete-while-published) see its nodes while the volume is known."""
+    from plugproxy.rules.state import LIFECYCLE_TTL, Publication
+
+    now = [0.0]
+    state = SpecState(clock=lambda: now[0])
+    publication = Publication(b"", b"", 0, b"", True, 0.0)
+    for vid in ("in-use", "idle"):
+        state.volume(vid)
+        state.controller_published(vid, NODE, publication)
+    for _ in range(3):  # three lifecycle TTLs, the volume used on its node in each
+        now[0] += LIFECYCLE_TTL * 0.9
+        state.touch("in-use")
+    assert state.controller_nodes("in-use") == (NODE,)
+    assert state.controller_nodes("idle") == ()  # forgotten with the volume, never longer
+    assert state.peek("idle") is None

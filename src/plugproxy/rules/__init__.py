@@ -2,8 +2,11 @@
 
 A table's module is imported the first time its table is asked for: a proxy judging only
 CSI v1 calls never loads the tables of the other specs. Spec ``a.b`` has its table in module
-``a_b`` and its rule ids start with ``a.`` (its family). What the validate stage writes
-of the violations it records is :mod:`~plugproxy.rules.violationlog`.
+``a_b`` and its rule ids start with ``a.`` (its family); a table merges the rule families
+of its spec (for CSI ``csi_common``, ``csi_volumes``, ``csi_snapshots`` and the others). The
+generic rules of every spec, which the validate stage tells each step of a call, are
+:mod:`~plugproxy.rules.generic`; what it writes of the violations it records is
+:mod:`~plugproxy.rules.violationlog`.
 
 May import: :mod:`plugproxy.core`, :mod:`plugproxy.api`, :mod:`plugproxy.spec`.
 """

@@ -350,7 +350,7 @@ class _Checks:
             return
         if vs.staged:
             seen = "staged on this node"
-        elif vs.controller_nodes:
+        elif st.controller_nodes(req.volume_id):
             seen = "controller-published"
         elif vs.known_unstaged:
             seen = "created or unstaged"

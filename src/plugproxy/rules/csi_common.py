@@ -827,8 +827,9 @@ class CsiChecks:
         vs = st.peek(req.volume_id)
         if code != "FAILED_PRECONDITION" or vs is None:
             return
-        if vs.controller_nodes:
-            where = f"published to {len(vs.controller_nodes)} node(s)"
+        nodes = st.controller_nodes(req.volume_id)
+        if nodes:
+            where = f"published to {len(nodes)} node(s)"
         elif vs.published or vs.staged:
             where = "staged or published on a node"
         else:
@@ -839,13 +840,6 @@ class CsiChecks:
             f"DeleteVolume while the volume is {where}; the plugin answered it is in use",
             party=CO,
         )
-
-    def controller_unpublish_error(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
-    ) -> Iterable[Violation]:
-        if code == "NOT_FOUND":  # volume or node gone: tabled, nothing stays published
-            self.controller_unpublished(st, call, req, None)
-        return ()
 
     def node_unstage_error(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
@@ -867,7 +861,6 @@ class CsiChecks:
         success; DeleteVolume's FAILED_PRECONDITION confirms the volume is in use."""
         return {
             "DeleteVolume": self.delete_volume_error,
-            "ControllerUnpublishVolume": self.controller_unpublish_error,
             "NodeUnstageVolume": self.node_unstage_error,
             "NodeUnpublishVolume": self.node_unpublish_error,
         }
@@ -1095,7 +1088,6 @@ class CsiChecks:
             "CreateVolume": self.created,
             "DeleteVolume": self.deleted,
             "ControllerPublishVolume": self.controller_published,
-            "ControllerUnpublishVolume": self.controller_unpublished,
             "NodeStageVolume": self.staged,
             "NodeUnstageVolume": self.unstaged,
             "NodePublishVolume": self.published,
@@ -1122,18 +1114,10 @@ class CsiChecks:
         st.forget(req.volume_id)
 
     def controller_published(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
+        # The publication itself (SpecState.publications) is kept by csi_volumes, which
+        # compares later calls with it; ControllerUnpublishVolume ends it there too.
         if req.volume_id and req.node_id:
-            vs = st.volume(req.volume_id)
-            vs.controller_nodes = added(vs.controller_nodes, req.node_id)
-
-    def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
-        vs = st.peek(req.volume_id)
-        if vs is None:
-            return
-        if req.node_id:
-            vs.controller_nodes = removed(vs.controller_nodes, req.node_id)
-        else:
-            vs.controller_nodes = ()
+            st.volume(req.volume_id)
 
     def staged(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         if req.volume_id:

@@ -14,12 +14,15 @@ from typing import Any
 
 from plugproxy.rules import (
     csi_capabilities,
-    csi_consistency,
+    csi_listings,
+    csi_metadata,
     csi_order,
     csi_placement,
     csi_readonly,
     csi_recovery,
     csi_responses,
+    csi_snapshots,
+    csi_volumes,
 )
 from plugproxy.rules.csi_common import (
     CREATE_SNAPSHOT_ARGUMENTS,
@@ -281,7 +284,10 @@ def csi_table(
         **merged(
             *own,
             csi_capabilities.hooks(title, v1=v1),
-            csi_consistency.hooks(title, v1=v1),
+            csi_volumes.hooks(title, v1=v1),
+            csi_snapshots.hooks(title, v1=v1),
+            csi_listings.hooks(title),
+            *([csi_metadata.hooks(title)] if v1 else []),  # v0.3 has no metadata streams
             csi_order.hooks(title, v1=v1),
             csi_responses.hooks(title, v1=v1),
             csi_readonly.hooks(title, v1=v1),

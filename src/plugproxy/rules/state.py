@@ -1,4 +1,5 @@
-"""What the validation stage remembers between calls: capabilities and volume lifecycles.
+"""What the validation stage remembers between calls: capabilities, volume lifecycles and
+controller publications.
 
 Everything here is learned from calls seen on the wire, bounded in memory and forgotten
 with time: capabilities expire after a TTL, volumes live in bounded, expiring maps
@@ -34,6 +35,8 @@ LIFECYCLE_TTL = 3600.0
 # node sees a few hundred volumes, and a controller acting on more within the hour forgets
 # the one set longest ago first: unknown history, never a fault.
 MAX_OBJECTS = 10_000
+# Nodes, staging and target paths kept per volume (the oldest dropped first).
+MAX_PER_VOLUME = 256
 
 _Part = TypeVar("_Part")
 
@@ -46,14 +49,26 @@ class VolumeState:
     none or one item, and an empty tuple costs nothing where each empty set took 216 bytes
     (a controller remembers thousands of volumes)."""
 
-    # Controller side: node ids the volume was ControllerPublished to and not unpublished.
-    controller_nodes: tuple[str, ...] = ()
     # Node side (this proxy's node): staging paths staged and target paths published.
     staged: tuple[str, ...] = ()
     published: tuple[str, ...] = ()
     # True once the proxy saw the volume created or unstaged: it is known not staged.
     known_unstaged: bool = False
     created_name: str = ""  # the CreateVolume name that returned this id, when seen
+
+
+@dataclass(slots=True)
+class Publication:
+    """A successful ControllerPublishVolume of one volume to one node, as digests: what
+    rules/csi_volumes, which keeps it, compares later calls with."""
+
+    args: bytes  # digest of the request, secrets aside
+    context: bytes  # digest of publish_context
+    context_size: int
+    secrets: bytes
+    single_node: bool  # published with a single-node access mode
+    at: float
+    mode: bytes = b""  # digest of volume_capability and readonly
 
 
 def added(items: tuple[str, ...], item: str) -> tuple[str, ...]:
@@ -83,6 +98,11 @@ class SpecState:
         self.volumes: ExpiringMap[str, VolumeState] = ExpiringMap(max_volumes, lifecycle_ttl, clock)
         # CreateVolume name -> (argument digest, volume id, when) of the last successful create.
         self.creates: ExpiringMap[str, tuple[bytes, str, float]] = ExpiringMap(
+            max_volumes, lifecycle_ttl, clock
+        )
+        # Volume id -> node id -> its publication there (ControllerPublishVolume answered OK,
+        # no unpublish since), the latest last; MAX_PER_VOLUME nodes a volume at most.
+        self.publications: ExpiringMap[str, dict[str, Publication]] = ExpiringMap(
             max_volumes, lifecycle_ttl, clock
         )
         self.node_id: str | None = None  # this proxy's node, from NodeGetInfo
@@ -138,6 +158,7 @@ class SpecState:
         if state is None:
             state = VolumeState()
         self.volumes[volume_id] = state
+        self._keep_publications(volume_id)
         return state
 
     def touch(self, volume_id: str) -> None:
@@ -145,9 +166,45 @@ class SpecState:
         state = self.volumes.get(volume_id)
         if state is not None:
             self.volumes[volume_id] = state
+            self._keep_publications(volume_id)
 
     def peek(self, volume_id: str) -> VolumeState | None:
         return self.volumes.get(volume_id)
 
     def forget(self, volume_id: str) -> None:
         self.volumes.pop(volume_id, None)
+        self.publications.pop(volume_id, None)
+
+    # -- controller publications ------------------------------------------------------------
+
+    def _keep_publications(self, volume_id: str) -> None:
+        # A volume's publications live as long as what is known of the volume: a volume in
+        # use on its nodes is still published there, however long ago that was.
+        publications = self.publications.get(volume_id)
+        if publications is not None:
+            self.publications[volume_id] = publications
+
+    def controller_nodes(self, volume_id: str) -> tuple[str, ...]:
+        """The nodes ``volume_id`` is known ControllerPublished to, the latest last."""
+        publications = self.publications.get(volume_id)
+        return tuple(publications) if publications else ()
+
+    def controller_published(self, volume_id: str, node_id: str, publication: Publication) -> None:
+        publications = self.publications.get(volume_id) or {}
+        publications.pop(node_id, None)  # re-inserted last: the oldest go first when trimmed
+        publications[node_id] = publication
+        while len(publications) > MAX_PER_VOLUME:
+            del publications[next(iter(publications))]
+        self.publications[volume_id] = publications
+
+    def controller_unpublished(self, volume_id: str, node_id: str) -> None:
+        """``volume_id`` unpublished from ``node_id``; from every node when it is empty."""
+        publications = self.publications.get(volume_id)
+        if publications is None:
+            return
+        if node_id:
+            publications.pop(node_id, None)
+        else:
+            publications.clear()
+        if not publications:
+            del self.publications[volume_id]

@@ -1,231 +1,37 @@
-"""CSI cross-call consistency and order (rules/csi_consistency.py): each rule planted by the
-party it judges, and the same calls made legitimately, through the real validate stage
-driven in-process; the HA, expiry and Kubernetes cases that must stay quiet; and a few
-end-to-end checks through a real proxy."""
+"""CSI volumes and their publications across calls (rules/csi_volumes.py): each rule planted
+by the party it judges, and the same calls made legitimately, through the real validate stage
+driven in-process (tests/csi_harness.py); the HA, expiry and Kubernetes cases that must stay
+quiet; and a few end-to-end checks through a real proxy."""
 
 from __future__ import annotations
 
-import asyncio
-import io
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import grpc
 import pytest
 
-from plugproxy.api import Call, LazyMessage, Reject, Runtime, StatusCode
-from plugproxy.core.log import Logger
+from plugproxy.core.memory import HANDOVER
 from plugproxy.core.sampling import SAMPLE_MIN_BYTES
 from plugproxy.fakes import SpecClient, start_fake_plugin
 from plugproxy.rules import TABLES
-from plugproxy.rules.csi_consistency import HANDOVER, SNAPSHOT_RECENT, ConsistencyState
-from plugproxy.spec.registry import Registry
-from plugproxy.stages.validate import ValidateStage
+from plugproxy.rules.csi_volumes import VolumeMemory
+from tests.csi_harness import (
+    MINE,
+    NODE,
+    OTHER,
+    REG,
+    RWO,
+    RWO_BLOCK,
+    RWOP,
+    RWX,
+    SECRET,
+    V0_ONLY_ABSENT,
+    V1_CAPS,
+    Proxy,
+)
 from tests.integration.test_validation_lifecycle import stage_of, through_proxy
 from tests.support import channel, start_proxy, start_recorder
-
-REG = Registry()
-NODE = "node-1"
-OTHER = "node-2"
-RWO = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
-RWO_BLOCK = {"block": {}, "access_mode": {"mode": "SINGLE_NODE_WRITER"}}
-RWX = {"mount": {}, "access_mode": {"mode": "MULTI_NODE_MULTI_WRITER"}}
-RWOP = {"mount": {}, "access_mode": {"mode": "SINGLE_NODE_SINGLE_WRITER"}}
-SECRET = "s3cr3t-value"
-V1_CAPS = {
-    "plugin": {"CONTROLLER_SERVICE", "VOLUME_ACCESSIBILITY_CONSTRAINTS"},
-    "controller": {"CREATE_DELETE_VOLUME", "PUBLISH_UNPUBLISH_VOLUME", "EXPAND_VOLUME"},
-    "node": {"STAGE_UNSTAGE_VOLUME", "EXPAND_VOLUME", "GET_VOLUME_STATS"},
-}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Proxy:
-    """The validate stage as the pipeline runs it, each call made by hand: request, the
-    plugin's answer (response messages or an error code), finish."""
-
-    def __init__(
-        self,
-        spec: str = "csi.v1",
-        mode: str = "audit",
-        caps: dict[str, set[str]] | None = None,
-        **state: Any,
-    ) -> None:
-        runtime = Runtime(registry=REG, upstream=None, logger=Logger(io.StringIO()), metrics=None)
-        self.stage = ValidateStage(runtime, mode, {})
-        self.spec = spec
-        self.paths = {m.name: m.path for m in REG.methods(spec)}
-        self.state = self.stage._plans[self.paths["CreateVolume"]].state
-        self.clock = Clock()
-        self.state.clock = self.clock  # before the family's memory is made
-        for name, value in state.items():
-            setattr(self.state, name, value)
-        caps = V1_CAPS if caps is None else caps
-        for kind in ("plugin", "controller", "node", "group"):
-            if kind in caps:
-                self.state.set_capabilities(kind, frozenset(caps[kind]))
-            else:
-                self.state.query_failed(kind)  # never asked: no upstream here
-
-    def call(
-        self,
-        rpc: str,
-        req: dict[str, Any] | None = None,
-        resp: dict[str, Any] | list[dict[str, Any]] | None = None,
-        code: str = "OK",
-    ) -> list[tuple[str, str, str]]:
-        """(rule, party, field) of each violation; messages are checked in ``last``."""
-        info = REG.lookup(self.paths[rpc])
-        assert info.request_class is not None and info.response_class is not None
-        call = Call(info, (), [], None)
-        raw = info.request_class(**(req or {})).SerializeToString()
-        call.request = LazyMessage(raw, info.request_class)
-        try:
-            pending = self.stage.on_start(call)
-            if pending is not None:  # a capability query of its own; no plugin here
-                asyncio.run(pending)  # type: ignore[arg-type]
-        except Reject as exc:
-            call.rejected = True
-            call.code, call.details = exc.code, exc.message
-        if not call.rejected:
-            if code == "OK":
-                for message in resp if isinstance(resp, list) else [resp or {}]:
-                    lazy = LazyMessage(
-                        info.response_class(**message).SerializeToString(), info.response_class
-                    )
-                    call.response = lazy
-                    self.stage.on_response(call, lazy)
-            else:
-                call.code, call.details = StatusCode[code], "the plugin says no"
-        self.stage.on_finish(call)
-        self.last = [
-            e.attributes
-            for e in call.events
-            if e.name == "violation" and e.attributes["rule"] in FAMILY
-        ]
-        self.rejected = call.rejected
-        return [(str(v["rule"]), str(v["party"]), str(v["field"])) for v in self.last]
-
-    def ids(self, *args: Any, **kwargs: Any) -> set[str]:
-        return {rule for rule, _, _ in self.call(*args, **kwargs)}
-
-    def messages(self) -> str:
-        return " | ".join(str(v["message"]) for v in self.last)
-
-    # -- a few steps most tests take --------------------------------------------------
-
-    def node_info(self, node: str = NODE) -> None:
-        self.call("NodeGetInfo", {}, {"node_id": node})
-
-    def create(
-        self,
-        vid: str = "vol-1",
-        context: dict[str, str] | None = None,
-        caps: Iterable[dict[str, Any]] = (RWO,),
-        name: str = "pvc-1",
-        **extra: Any,
-    ) -> set[str]:
-        field = "volume_context" if self.spec == "csi.v1" else "attributes"
-        id_field = "volume_id" if self.spec == "csi.v1" else "id"
-        volume = {id_field: vid, field: context or {}, **extra.pop("volume", {})}
-        return self.ids(
-            "CreateVolume",
-            {"name": name, "volume_capabilities": list(caps), **extra},
-            {"volume": volume},
-        )
-
-    def publish(
-        self,
-        vid: str = "vol-1",
-        node: str = NODE,
-        context: dict[str, str] | None = None,
-        cap: dict[str, Any] = RWO,
-        code: str = "OK",
-        **extra: Any,
-    ) -> set[str]:
-        field = "publish_context" if self.spec == "csi.v1" else "publish_info"
-        return self.ids(
-            "ControllerPublishVolume",
-            {"volume_id": vid, "node_id": node, "volume_capability": cap, **extra},
-            {field: context or {}},
-            code,
-        )
-
-    def stage_at(self, path: str = "/s", vid: str = "vol-1", code: str = "OK", **extra: Any):
-        return self.ids(
-            "NodeStageVolume",
-            {"volume_id": vid, "staging_target_path": path, "volume_capability": RWO, **extra},
-            {},
-            code,
-        )
-
-    def publish_at(
-        self,
-        target: str = "/t",
-        vid: str = "vol-1",
-        cap: dict[str, Any] = RWO,
-        code: str = "OK",
-        **extra: Any,
-    ) -> set[str]:
-        return self.ids(
-            "NodePublishVolume",
-            {
-                "volume_id": vid,
-                "staging_target_path": "/s",
-                "target_path": target,
-                "volume_capability": cap,
-                **extra,
-            },
-            {},
-            code,
-        )
-
-
-MINE = {
-    "csi.volume-context-changed",
-    "csi.volume-context-mismatch",
-    "csi.publish-context-changed",
-    "csi.publish-context-mismatch",
-    "csi.staging-path-conflict",
-    "csi.target-path-conflict",
-    "csi.republish-different-capability",
-    "csi.republish-answer",
-    "csi.publish-conflict-accepted",
-    "csi.expand-published-refused",
-    "csi.secrets-changed",
-    "csi.list-restart-expected",
-    "csi.volume-smaller-than-snapshot",
-    "csi.topology-prefix-inconsistent",
-    "csi.snapshot-lost",
-    "csi.group-id-mismatch",
-    "csi.expand-already-large-refused",
-    "csi.snapshot-missing",
-    "csi.deleted-group-answered",
-    "csi.delete-group-member",
-    "csi.metadata-restart-offset",
-}
-FAMILY = MINE | {
-    "csi.call-order",
-    "csi.create-not-idempotent",
-}  # other families' findings are not this file's business
-V0_ONLY_ABSENT = {
-    "csi.deleted-group-answered",
-    "csi.group-id-mismatch",
-    "csi.expand-already-large-refused",
-    "csi.republish-different-capability",
-    "csi.expand-published-refused",
-    "csi.snapshot-lost",
-    "csi.delete-group-member",
-    "csi.metadata-restart-offset",
-}
 
 
 def test_the_family_defines_its_rules_in_both_versions_and_enforces_none():
@@ -341,13 +147,13 @@ def test_a_long_sampled_listing_reports_a_changed_context_at_its_real_index():
 
 
 def test_entries_listed_again_are_compared_with_what_the_plugin_said_since():
-    """A listed entry is read once and then known by its bytes (ConsistencyState.listed);
+    """A listed entry is read once and then known by its bytes (VolumeMemory.listed);
     the comparison with what the plugin said of the volume since still happens."""
     p = Proxy(caps={**V1_CAPS, "controller": {*V1_CAPS["controller"], "GET_VOLUME"}})
     p.node_info()
     page = long_listing({})
     assert p.call("ListVolumes", {}, page) == []
-    assert len(p.state.part(ConsistencyState).listed) == 256  # the whole sample
+    assert len(p.state.part(VolumeMemory).listed) == 256  # the whole sample
     other = {"volume": {"volume_id": "vol-999", "volume_context": {"pool": "silver"}}}
     assert p.call("ControllerGetVolume", {"volume_id": "vol-999"}, other) == [
         ("csi.volume-context-changed", "plugin", "volume.volume_context")
@@ -528,48 +334,6 @@ def test_csi_v0_an_identical_publish_answers_the_same_publish_info():
     assert "publish_info" in p.messages() and "/dev" not in p.messages()
     p.clock.now += HANDOVER + 1  # an HA peer may have unpublished and published again
     assert p.publish(context={"devicePath": "/dev/c"}) == set()
-
-
-# -- identical creates answer the same id ------------------------------------------------------
-
-
-def snapshot_of(sid: str, volume: str = "vol-1", **extra: Any) -> dict[str, Any]:
-    return {"snapshot": {"snapshot_id": sid, "source_volume_id": volume, **extra}}
-
-
-def test_an_identical_create_snapshot_must_return_the_same_snapshot_id():
-    p = Proxy()
-    req = {"name": "snap-1", "source_volume_id": "vol-1"}
-    assert p.ids("CreateSnapshot", req, snapshot_of("s-1")) == set()
-    assert p.ids("CreateSnapshot", req, snapshot_of("s-1", ready_to_use=True)) == set()
-    assert p.ids("CreateSnapshot", req, snapshot_of("s-2")) == {"csi.create-not-idempotent"}
-    assert p.last[0]["party"] == "plugin" and "s-1" not in p.messages()
-    # another source volume is not an identical request
-    other = {"name": "snap-1", "source_volume_id": "vol-2"}
-    assert p.ids("CreateSnapshot", other, snapshot_of("s-3", "vol-2")) == set()
-
-
-def test_a_snapshot_deleted_and_created_again_or_after_a_handover_is_new():
-    p = Proxy()
-    req = {"name": "snap-1", "source_volume_id": "vol-1"}
-    p.ids("CreateSnapshot", req, snapshot_of("s-1"))
-    p.ids("DeleteSnapshot", {"snapshot_id": "s-1"}, {})  # csi-sanity re-uses names so
-    assert p.ids("CreateSnapshot", req, snapshot_of("s-2")) == set()
-    p.clock.now += HANDOVER + 1  # another replica may have deleted and re-created it
-    assert p.ids("CreateSnapshot", req, snapshot_of("s-3")) == set()
-
-
-def test_an_identical_create_group_must_return_the_same_group_id():
-    p = Proxy()
-    req = {"name": "g-1", "source_volume_ids": ["vol-1", "vol-2"]}
-
-    def group(gid: str) -> dict[str, Any]:
-        return {"group_snapshot": {"group_snapshot_id": gid, "ready_to_use": True}}
-
-    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-a")) == set()
-    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-b")) == {"csi.create-not-idempotent"}
-    p.ids("DeleteVolumeGroupSnapshot", {"group_snapshot_id": "g-b"}, {})
-    assert p.ids("CreateVolumeGroupSnapshot", req, group("g-c")) == set()
 
 
 def test_an_identical_create_volume_is_judged_within_the_handover_only():
@@ -883,74 +647,6 @@ def test_unpublish_secrets_in_csi_v0():
     ]
 
 
-def test_group_snapshot_secrets_should_stay_the_same():
-    p = Proxy()
-    group = {"group_snapshot_id": "g-1", "snapshots": [{"snapshot_id": "s-1"}]}
-    p.call(
-        "CreateVolumeGroupSnapshot",
-        {"name": "g", "source_volume_ids": ["vol-1"], "secrets": {"k": "a"}},
-        {"group_snapshot": group},
-    )
-    get = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1"]}
-    assert p.ids("GetVolumeGroupSnapshot", {**get, "secrets": {"k": "a"}}) == set()
-    assert p.call("GetVolumeGroupSnapshot", {**get, "secrets": {"k": "b"}}) == [
-        ("csi.secrets-changed", "co", "secrets")
-    ]
-    assert p.ids("DeleteVolumeGroupSnapshot", {**get, "secrets": {"k": "b"}}) == {
-        "csi.secrets-changed"
-    }
-    again = {**get, "secrets": {"k": "b"}}
-    assert p.ids("GetVolumeGroupSnapshot", again, code="NOT_FOUND") == set()  # deleted
-
-
-def test_group_snapshot_secrets_of_a_repeated_create_and_a_retried_delete():
-    p = Proxy()
-    group = {"group_snapshot_id": "g-1", "snapshots": [{"snapshot_id": "s-1"}]}
-    create = {"name": "g", "source_volume_ids": ["vol-1"], "secrets": {"k": "a"}}
-    p.call("CreateVolumeGroupSnapshot", create, {"group_snapshot": group})
-    # polled until ready: the same secrets are fine, rotated ones are reported
-    assert p.ids("CreateVolumeGroupSnapshot", create, {"group_snapshot": group}) == set()
-    rotated = {**create, "secrets": {"k": "b"}}
-    assert p.call("CreateVolumeGroupSnapshot", rotated, {"group_snapshot": group}) == [
-        ("csi.secrets-changed", "co", "secrets")
-    ]
-    # a delete the plugin refused leaves the group and its secrets to compare a retry with
-    q = Proxy()
-    delete = {"group_snapshot_id": "g-2", "snapshot_ids": ["s-2"], "secrets": {"k": "a"}}
-    assert p.ids("DeleteVolumeGroupSnapshot", delete, code="FAILED_PRECONDITION") == set()
-    assert p.ids("DeleteVolumeGroupSnapshot", {**delete, "secrets": {"k": "b"}}) == {
-        "csi.secrets-changed"
-    }
-    # one it answered NOT_FOUND (gone) or OK is forgotten
-    assert q.ids("DeleteVolumeGroupSnapshot", delete, code="NOT_FOUND") == set()
-    assert q.ids("DeleteVolumeGroupSnapshot", {**delete, "secrets": {"k": "b"}}) == set()
-    assert q.ids("DeleteVolumeGroupSnapshot", delete) == set()
-
-
-# -- listings ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("rpc", ["ListVolumes", "ListSnapshots"])
-def test_a_listing_should_restart_after_its_token_was_refused(rpc):
-    p = Proxy()
-    assert p.ids(rpc, {"starting_token": "t1"}, code="ABORTED") == set()
-    assert p.call(rpc, {"starting_token": "t1", "max_entries": 5}) == [
-        ("csi.list-restart-expected", "co", "starting_token")
-    ]
-    assert "t1" not in p.messages()
-    assert p.ids(rpc, {"starting_token": "t2"}) == set()  # another caller's page
-    assert p.ids(rpc, {}, {"next_token": "t1"}) == set()  # the plugin hands it out again
-    assert p.ids(rpc, {"starting_token": "t1"}) == set()
-
-
-def test_aborted_without_a_token_is_not_an_invalid_token():
-    p = Proxy()
-    p.call("ListVolumes", {}, code="ABORTED")
-    assert p.ids("ListVolumes", {"starting_token": "t"}) == set()
-    p.call("ListSnapshots", {"starting_token": "t"}, code="ABORTED")
-    assert p.ids("ListVolumes", {"starting_token": "t"}) == set()  # per RPC
-
-
 # -- snapshots ---------------------------------------------------------------------------------
 
 
@@ -984,118 +680,6 @@ def test_a_volume_smaller_than_its_snapshot_in_csi_v0():
     }
 
 
-def test_a_recent_snapshot_not_yet_ready_must_be_retrievable():
-    p = Proxy()
-    snap = {"snapshot_id": "snap-1", "source_volume_id": "vol-0", "ready_to_use": False}
-    p.call("CreateSnapshot", {"name": "s", "source_volume_id": "vol-0"}, {"snapshot": snap})
-    get = {"snapshot_id": "snap-1"}
-    assert p.call("GetSnapshot", get, code="NOT_FOUND") == [
-        ("csi.snapshot-lost", "plugin", "snapshot_id")
-    ]
-    p.clock.now += SNAPSHOT_RECENT + 1
-    assert p.ids("GetSnapshot", get, code="NOT_FOUND") == set()  # not recent any more
-
-
-def test_a_snapshot_ready_deleted_or_only_listed_may_be_gone():
-    p = Proxy()
-    made = {"name": "s", "source_volume_id": "vol-0"}
-    for sid, ready in (("snap-1", True), ("snap-2", False)):
-        snap = {"snapshot_id": sid, "source_volume_id": "vol-0", "ready_to_use": ready}
-        p.call("CreateSnapshot", made, {"snapshot": snap})
-    assert p.ids("GetSnapshot", {"snapshot_id": "snap-1"}, code="NOT_FOUND") == set()
-    p.call("DeleteSnapshot", {"snapshot_id": "snap-2"}, code="DEADLINE_EXCEEDED")
-    assert p.ids("GetSnapshot", {"snapshot_id": "snap-2"}, code="NOT_FOUND") == set()
-    listed = {"snapshot_id": "snap-3", "source_volume_id": "vol-0", "ready_to_use": False}
-    p.call("ListSnapshots", {}, {"entries": [{"snapshot": listed}]})
-    assert p.ids("GetSnapshot", {"snapshot_id": "snap-3"}, code="NOT_FOUND") == set()
-
-
-def test_group_members_are_deleted_with_their_group():
-    p = Proxy()
-    members = [
-        {"snapshot_id": f"s-{i}", "source_volume_id": f"v-{i}", "group_snapshot_id": "g-1"}
-        for i in (1, 2)
-    ]
-    group = {"group_snapshot_id": "g-1", "snapshots": members, "ready_to_use": False}
-    p.call(
-        "CreateVolumeGroupSnapshot",
-        {"name": "g", "source_volume_ids": ["v-1", "v-2"]},
-        {"group_snapshot": group},
-    )
-    assert p.call("DeleteSnapshot", {"snapshot_id": "s-1"}, code="INVALID_ARGUMENT") == [
-        ("csi.delete-group-member", "co", "snapshot_id")
-    ]
-    assert "CreateVolumeGroupSnapshot returned" in p.messages()
-    # the members not yet ready must be retrievable
-    assert p.ids("GetSnapshot", {"snapshot_id": "s-2"}, code="NOT_FOUND") == {"csi.snapshot-lost"}
-    p.call(
-        "DeleteVolumeGroupSnapshot", {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-2"]}
-    )
-    assert p.ids("DeleteSnapshot", {"snapshot_id": "s-2"}) == set()
-    assert p.ids("GetSnapshot", {"snapshot_id": "s-2"}, code="NOT_FOUND") == set()
-    alone = {"snapshot_id": "s-9", "source_volume_id": "v-9"}
-    p.call("CreateSnapshot", {"name": "s9", "source_volume_id": "v-9"}, {"snapshot": alone})
-    assert p.ids("DeleteSnapshot", {"snapshot_id": "s-9"}) == set()
-
-
-# -- snapshot metadata streams -----------------------------------------------------------------
-
-
-def blocks(*offsets: int, size: int = 4096) -> list[dict[str, int]]:
-    return [{"byte_offset": o, "size_bytes": size} for o in offsets]
-
-
-def metadata(ranges: list[dict[str, int]], capacity: int = 1 << 20) -> dict[str, Any]:
-    return {
-        "block_metadata_type": "FIXED_LENGTH",
-        "volume_capacity_bytes": capacity,
-        "block_metadata": ranges,
-    }
-
-
-def test_a_metadata_offset_past_a_complete_stream_or_the_volume():
-    p = Proxy()
-    stream = [metadata(blocks(0, 4096)), metadata(blocks(16384))]
-    assert p.ids("GetMetadataAllocated", {"snapshot_id": "snap-1"}, stream) == set()
-    req = {"snapshot_id": "snap-1"}
-    for ok in (0, 4096, 8192, 20480):  # 0, a range end, within, the last end
-        assert (
-            p.ids("GetMetadataAllocated", {**req, "starting_offset": ok}, code="UNAVAILABLE")
-            == set()
-        )
-    assert p.call("GetMetadataAllocated", {**req, "starting_offset": 20481}) == [
-        ("csi.metadata-restart-offset", "co", "starting_offset")
-    ]
-    assert "past the end 20480 of the complete" in p.messages()
-    assert p.ids("GetMetadataAllocated", {**req, "starting_offset": (1 << 20) + 1}) == {
-        "csi.metadata-restart-offset"
-    }
-    assert "volume_capacity_bytes" in p.messages()
-
-
-def test_an_interrupted_stream_says_nothing_about_what_comes_after():
-    p = Proxy()
-    req = {"base_snapshot_id": "a", "target_snapshot_id": "b"}
-    p.call("GetMetadataDelta", req, code="UNAVAILABLE")
-    assert p.ids("GetMetadataDelta", {**req, "starting_offset": 8192}) == set()
-    p.call("GetMetadataDelta", {**req, "starting_offset": 8192}, [metadata(blocks(8192))])
-    assert p.ids("GetMetadataDelta", {**req, "starting_offset": 12288}) == set()
-    assert p.ids("GetMetadataDelta", {**req, "starting_offset": 12289}) == {
-        "csi.metadata-restart-offset"
-    }
-    # the same target with another base is another stream
-    other = {"base_snapshot_id": "z", "target_snapshot_id": "b", "starting_offset": 12289}
-    assert p.ids("GetMetadataDelta", other) == set()
-
-
-def test_a_disordered_stream_is_not_taken_as_complete():
-    p = Proxy()
-    p.call("GetMetadataAllocated", {"snapshot_id": "s"}, [metadata(blocks(8192, 0))])
-    assert "csi.metadata-restart-offset" not in p.ids(
-        "GetMetadataAllocated", {"snapshot_id": "s", "starting_offset": 40960}
-    )
-
-
 # -- memory: bounded, expiring ---------------------------------------------------------------
 
 
@@ -1104,7 +688,7 @@ def test_the_familys_memory_is_bounded_and_expires():
     for i in range(5):
         p.create(f"vol-{i}", {"pool": "gold"}, name=f"pvc-{i}")
         p.publish_at(f"/t{i}", f"vol-{i}")
-    mem = p.state.part(ConsistencyState)
+    mem = p.state.part(VolumeMemory)
     assert len(mem.contexts) == 2 and len(mem.volumes) == 2 and len(mem.targets) == 2
     p.clock.now += 61
     assert "vol-4" not in mem.contexts and "vol-4" not in mem.volumes
@@ -1294,78 +878,3 @@ def test_topology_keys_share_one_prefix_across_rpcs():
         # within one answer, too
         both = {"segments": {"example.com/zone": "z1", "other.org/rack": "r"}}
         assert p.call("NodeGetInfo", {}, {"node_id": "n", "accessible_topology": both}) != []
-
-
-# -- group operations name their own group's snapshots ----------------------------------------
-
-
-def test_group_operations_name_only_their_own_snapshots():
-    p = Proxy()
-
-    def made(gid: str, *sids: str) -> None:
-        members = [
-            {"snapshot_id": s, "group_snapshot_id": gid, "source_volume_id": "v"} for s in sids
-        ]
-        answer = {"group_snapshot": {"group_snapshot_id": gid, "snapshots": members}}
-        p.ids("CreateVolumeGroupSnapshot", {"name": gid, "source_volume_ids": ["v"]}, answer)
-
-    made("g-1", "s-1", "s-2")
-    made("g-2", "s-3")
-    p.ids("CreateSnapshot", {"name": "alone", "source_volume_id": "v"}, snapshot_of("s-9", "v"))
-    mine = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-2"]}
-    assert p.ids("GetVolumeGroupSnapshot", mine, {}) == set()
-    theirs = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-3"]}
-    assert p.call("GetVolumeGroupSnapshot", theirs, {}) == [
-        ("csi.group-id-mismatch", "co", "snapshot_ids[1]")
-    ]
-    alone = {"group_snapshot_id": "g-2", "snapshot_ids": ["s-9"]}
-    assert p.ids("DeleteVolumeGroupSnapshot", alone, {}) == {"csi.group-id-mismatch"}
-    assert "independent" in p.messages() and "s-9" not in p.messages()
-    # unknown snapshots are not judged
-    unknown = {"group_snapshot_id": "g-1", "snapshot_ids": ["s-1", "s-2", "s-7"]}
-    assert p.ids("DeleteVolumeGroupSnapshot", unknown, {}) == set()
-
-
-# -- a snapshot outlives its volume: listed and usable as a source -----------------------------
-
-
-def test_a_snapshot_seen_moments_ago_is_listed_and_usable():
-    for spec, sid_field in (("csi.v1", "snapshot_id"), ("csi.v0", "id")):
-        p = Proxy(spec, caps={})
-        made = {"snapshot": {sid_field: "s-1", "source_volume_id": "vol-1"}}
-        p.ids("CreateSnapshot", {"name": "snap-1", "source_volume_id": "vol-1"}, made)
-        p.call("DeleteVolume", {"volume_id": "vol-1"}, {})  # the snapshot outlives it
-        by_id = {"snapshot_id": "s-1"}
-        assert p.ids("ListSnapshots", by_id, {}) == {"csi.snapshot-missing"}, spec
-        assert "CreateSnapshot reported" in p.messages() and "s-1" not in p.messages()
-        listed = {"entries": [{"snapshot": made["snapshot"]}]}
-        assert p.ids("ListSnapshots", by_id, listed) == set()
-        source = {"snapshot": {sid_field: "s-1"}}
-        restore = {"name": "pvc-2", "volume_capabilities": [RWO], "volume_content_source": source}
-        assert p.ids("CreateVolume", restore, code="NOT_FOUND") == {"csi.snapshot-missing"}
-        # other filters, or another snapshot: not judged
-        assert p.ids("ListSnapshots", {**by_id, "source_volume_id": "vol-9"}, {}) == set()
-        assert p.ids("ListSnapshots", {"snapshot_id": "s-unknown"}, {}) == set()
-        # past a lease another replica may have deleted it; a delete sent here ends it too
-        p.clock.now += HANDOVER + 1
-        assert p.ids("ListSnapshots", by_id, {}) == set()
-        p.ids("ListSnapshots", by_id, listed)
-        p.call("DeleteSnapshot", {"snapshot_id": "s-1"}, {})
-        assert p.ids("CreateVolume", restore, code="NOT_FOUND") == set()
-
-
-def test_a_deleted_group_snapshot_should_not_be_answered():
-    p = Proxy()
-    group = {"group_snapshot": {"group_snapshot_id": "g-1", "ready_to_use": True}}
-    p.ids("CreateVolumeGroupSnapshot", {"name": "g", "source_volume_ids": ["v"]}, group)
-    get = {"group_snapshot_id": "g-1"}
-    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()
-    p.ids("DeleteVolumeGroupSnapshot", get, {})
-    assert p.ids("GetVolumeGroupSnapshot", get, group) == {"csi.deleted-group-answered"}
-    assert p.ids("GetVolumeGroupSnapshot", get, code="NOT_FOUND") == set()  # the answer due
-    # created again under the same id (ids derived from names), or after a lease: not judged
-    p.ids("CreateVolumeGroupSnapshot", {"name": "g", "source_volume_ids": ["v"]}, group)
-    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()
-    p.ids("DeleteVolumeGroupSnapshot", get, {})
-    p.clock.now += HANDOVER + 1
-    assert p.ids("GetVolumeGroupSnapshot", get, group) == set()

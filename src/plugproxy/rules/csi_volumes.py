@@ -1,32 +1,34 @@
-"""CSI cross-call consistency and order: what one call must agree with, of what earlier calls
-on this socket returned or did (CSI v1.12 and v0.3).
+"""CSI volumes and their publications across calls (CSI v1.12 and v0.3): what one call about
+a volume must agree with, of what earlier calls on this socket returned or did.
 
 - Values the plugin made that never change: a volume's volume_context (v0.3: attributes),
-  a publication's publish_context.
+  a publication's publish_context; one key prefix across the topology keys it returns.
 - Values the CO must pass back as they were made: volume_context, publish_context; secrets
-  that SHOULD stay the same between related operations.
+  that SHOULD stay the same between a publication and its unpublish.
 - Node paths: one staging_target_path per volume, one volume per target_path; a second
   NodePublishVolume with another capability, and the plugin's answer to it.
 - Order beyond csi_common's csi.call-order: NodeStage/NodePublish before ControllerPublish,
   NodeExpandVolume of a volume not staged nor published, ControllerExpandVolume of a
   published volume with only OFFLINE expansion; and a plugin with ONLINE expansion refusing
-  a published volume, or publishing a single-node volume to a second node.
-- Snapshots: sizes, group membership, retrievability; listings restarted after ABORTED;
-  snapshot metadata streams continued from where they ended.
+  a published volume, or publishing a single-node volume to a second node; sizes a volume
+  was confirmed to reach, and a volume made smaller than its source snapshot (whose size
+  csi_snapshots remembers).
 
-Everything is learned from calls this proxy relayed and kept in :class:`ConsistencyState`
-(bounded, expiring maps, like the lifecycle state): history the proxy did not see is unknown,
-never a violation. Contexts, secrets and tokens are kept and compared as digests, never as
-values, and messages never quote them: blake2b, but a volume_context as one keyed hash of
-the whole map (:func:`_fingerprint`), as listings compare hundreds a call. No rule here is
-enforced: each judges memory, so it is reported (``reject_code=None`` or
-``enforceable=False``).
+Everything is learned from calls this proxy relayed and kept in :class:`VolumeMemory`
+(bounded, expiring maps, like the lifecycle state), but for the controller publications,
+which are one record shared with the lifecycle (:attr:`SpecState.publications
+<plugproxy.rules.state.SpecState.publications>`) and kept by this family: history the proxy
+did not see is unknown, never a violation. Contexts, secrets and tokens are kept and
+compared as digests, never as values, and messages never quote them: blake2b, but a
+volume_context as one keyed hash of the whole map (:func:`_fingerprint`), as listings
+compare hundreds a call. No rule here is enforced: each judges memory, so it is reported
+(``reject_code=None`` or ``enforceable=False``).
 
 HA controllers: what only the controller side saw (a ControllerPublishVolume) may have been
 undone through another replica. Such memory judges the plugin or the CO only while it is
-fresh (:data:`HANDOVER`) or while this proxy's node side shows the volume in use on the node
-(a unified socket), which no legitimate unpublish allows; the order checks that only the
-plugin's answer can confirm are judged on that answer.
+fresh (:data:`~plugproxy.core.memory.HANDOVER`) or while this proxy's node side shows the
+volume in use on the node (a unified socket), which no legitimate unpublish allows; the
+order checks that only the plugin's answer can confirm are judged on that answer.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugproxy.core.memory import HANDOVER, ExpiringMap, ago, digest, map_digest, remember
-from plugproxy.rules import csi_order, csi_responses
+from plugproxy.rules import csi_order
+from plugproxy.rules.csi_snapshots import SnapshotMemory
 from plugproxy.rules.engine import (
     CO,
     MUST,
@@ -47,27 +50,18 @@ from plugproxy.rules.engine import (
     Hooks,
     Rule,
     Violation,
-    list_length,
     listed_entries,
 )
-from plugproxy.rules.state import CAPABILITY_TTL
+from plugproxy.rules.state import CAPABILITY_TTL, MAX_PER_VOLUME, Publication
 
 if TYPE_CHECKING:
     from plugproxy.api import Call
     from plugproxy.rules.engine import CompiledSpec
     from plugproxy.rules.state import SpecState
 
-# "Snapshots which were recently created and not yet ready to use must be retrievable"
-# (§GetSnapshot): judged this long after CreateSnapshot returned the snapshot.
-SNAPSHOT_RECENT = 300.0
-ABORTED_TOKENS = 1024  # listing tokens remembered as refused (ABORTED)
 LISTED_MAX = 4096  # listed entries known by their bytes (a few pages' samples)
-MAX_PER_VOLUME = 256  # nodes, staging and target paths kept per volume (oldest dropped)
-_STREAM = "csi_consistency.stream"  # call.stage_state key: one metadata stream's ranges
-_EXPAND_JUDGED = "csi_consistency.expand"  # the request was found out of order already
-_GET_SENT = "csi_consistency.get_sent"  # call.stage_state key: when a ControllerGetVolume came
-_ASKED = "csi_consistency.asked"  # when a request naming a snapshot arrived
-_GROUP = "csi_consistency.group"  # the group a DeleteVolumeGroupSnapshot forgot on arrival
+_EXPAND_JUDGED = "csi_volumes.expand"  # the request was found out of order already
+_GET_SENT = "csi_volumes.get_sent"  # call.stage_state key: when a ControllerGetVolume came
 
 
 def _value_digest(value: str) -> bytes:
@@ -138,19 +132,6 @@ class _Context:
     create_args: bytes = b""  # CreateVolume: digest of its request, secrets aside
 
 
-@dataclass(slots=True)
-class _Publish:
-    """A successful ControllerPublishVolume of one volume to one node."""
-
-    args: bytes  # digest of the request, secrets aside
-    context: bytes  # digest of publish_context
-    context_size: int
-    secrets: bytes
-    single_node: bool
-    at: float
-    mode: bytes = b""  # digest of volume_capability and readonly (_publish_mode)
-
-
 # ControllerPublishVolume error rows that cannot hold for a volume published to the node
 # with the capability and readonly asked (§ControllerPublishVolume errors).
 _REPUBLISH_ROWS = {
@@ -188,43 +169,7 @@ class _Volume:
         return bool(self.staged or self.targets)
 
 
-@dataclass(slots=True)
-class _Snapshot:
-    size: int
-    group: str  # group_snapshot_id the plugin gave it ("" independent)
-    rpc: str  # the call that reported it first
-    at: float
-    created_at: float | None  # when a Create* call returned it through this proxy
-    ready: bool | None  # last ready_to_use seen (None: v0.3, not reported)
-    seen: float = 0.0  # when an answer last reported it
-
-
-@dataclass(slots=True)
-class _Group:
-    secrets: bytes
-    rpc: str
-    at: float
-    members: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class _Stream:
-    """A snapshot metadata stream that ended OK: all ranges from its start were sent."""
-
-    end: int  # end of its last range (its starting_offset when it had none)
-    at: float
-
-
-@dataclass(slots=True)
-class _Ranges:
-    """One stream in flight (call.stage_state)."""
-
-    end: int
-    ordered: bool = True
-    capacity_seen: bool = False
-
-
-class ConsistencyState:
+class VolumeMemory:
     """What this family remembers per spec table; bounded and expiring like the lifecycle."""
 
     def __init__(self, st: SpecState) -> None:
@@ -232,31 +177,12 @@ class ConsistencyState:
         self.clock = clock
         self.contexts: ExpiringMap[str, _Context] = ExpiringMap(n, ttl, clock)
         self.volumes: ExpiringMap[str, _Volume] = ExpiringMap(n, ttl, clock)
-        self.publishes: ExpiringMap[str, dict[str, _Publish]] = ExpiringMap(n, ttl, clock)
         self.targets: ExpiringMap[str, tuple[str, float]] = ExpiringMap(n, ttl, clock)
-        self.snapshots: ExpiringMap[str, _Snapshot] = ExpiringMap(n, ttl, clock)
-        self.groups: ExpiringMap[str, _Group] = ExpiringMap(n, ttl, clock)
-        self.aborted: ExpiringMap[tuple[str, bytes], float] = ExpiringMap(
-            ABORTED_TOKENS, ttl, clock
-        )
-        # snapshot id -> (volume_capacity_bytes a metadata stream reported, when)
-        self.capacities: ExpiringMap[str, tuple[int, float]] = ExpiringMap(n, ttl, clock)
-        self.streams: ExpiringMap[tuple[str, ...], _Stream] = ExpiringMap(n, ttl, clock)
-        # (rpc, request digest) -> (id answered, when) of a successful CreateSnapshot or
-        # CreateVolumeGroupSnapshot, and id -> its key: kept only as long as no other HA
-        # replica can have deleted the object and had it created anew (HANDOVER).
-        self.created: ExpiringMap[tuple[str, bytes], tuple[str, float]] = ExpiringMap(
-            n, HANDOVER, clock
-        )
-        self.created_ids: ExpiringMap[str, tuple[str, bytes]] = ExpiringMap(n, HANDOVER, clock)
         # volume id -> the largest capacity the plugin confirmed for it, by side:
         # (bytes, rpc, when); a volume never shrinks.
         self.sizes: ExpiringMap[tuple[str, str], tuple[int, str, float]] = ExpiringMap(
             n, ttl, clock
         )
-        # group_snapshot_id -> when DeleteVolumeGroupSnapshot answered OK for it; only for a
-        # lease, as another replica may re-create a group under the same id later.
-        self.deleted_groups: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
         # volume id -> when a ControllerUnpublishVolume of it last arrived; for a lease.
         self.unpublish_sent: ExpiringMap[str, float] = ExpiringMap(n, HANDOVER, clock)
         # The topology key prefix the plugin last returned: (prefix, rpc, when).
@@ -293,38 +219,15 @@ class ConsistencyState:
                 if owner is not None and owner[0] == volume_id:
                     del self.targets[target]
         self.contexts.pop(volume_id, None)
-        self.publishes.pop(volume_id, None)
 
 
-def _mem(st: SpecState) -> ConsistencyState:
-    return st.part(ConsistencyState)
-
-
-def _same_id(
-    cs: CompiledSpec, mem: ConsistencyState, rpc: str, req: Any, made: str, field_name: str
-) -> Iterable[Violation]:
-    """An identical repeat of a successful create returns the id the first one did."""
-    if not made or not req.name:
-        return
-    key = (rpc, digest(req.SerializeToString(deterministic=True)))
-    now = mem.clock()
-    prev = mem.created.get(key)
-    # A delete finds the create by its id: with that dropped to make room, one may be missed.
-    if prev is not None and prev[0] != made and not mem.created_ids.dropped_after(prev[1]):
-        yield Violation(
-            cs.rule("create-not-idempotent"),
-            field_name,
-            f"{rpc} repeated with the same name and arguments returned another {field_name}"
-            f" than it did {ago(now - prev[1])}, and no delete of that one was seen since",
-        )
-        mem.created_ids.pop(prev[0], None)
-    mem.created[key] = (made, now)
-    mem.created_ids[made] = key
+def _mem(st: SpecState) -> VolumeMemory:
+    return st.part(VolumeMemory)
 
 
 def _topology_prefixes(
     cs: CompiledSpec,
-    mem: ConsistencyState,
+    mem: VolumeMemory,
     rpc: str,
     topologies: Iterable[Any],
     where: str,
@@ -361,20 +264,13 @@ def _kubernetes_owned(prefix: str) -> bool:
     return prefix in ("kubernetes.io", "k8s.io") or prefix.endswith((".kubernetes.io", ".k8s.io"))
 
 
-def _unpublish_sent(mem: ConsistencyState, vid: str, at: float) -> bool:
+def _unpublish_sent(mem: VolumeMemory, vid: str, at: float) -> bool:
     """Whether a ControllerUnpublishVolume of ``vid`` may have been sent at ``at`` or later
     (one dropped to make room counts)."""
     undone = mem.unpublish_sent.get(vid)
     if undone is not None:
         return undone >= at
     return mem.unpublish_sent.dropped_after(at)
-
-
-def _forget_created(mem: ConsistencyState, made: str) -> None:
-    """A delete of ``made`` was sent: a create with the same name may make a new one."""
-    key = mem.created_ids.pop(made, None)
-    if key is not None:
-        mem.created.pop(key, None)
 
 
 # -- rules --------------------------------------------------------------------------------
@@ -501,32 +397,6 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
             " rotate secrets in between.",
         ),
         Rule(
-            "csi.list-restart-expected",
-            SHOULD,
-            (CO,),
-            f"{title} §{{rpc}}",
-            "ListVolumes or ListSnapshots passes again a starting_token the plugin answered"
-            " ABORTED (invalid) for; the listing SHOULD start again with an empty token.",
-            reject_code=None,
-            note="Only the refused token itself is judged, unless the plugin hands it out again"
-            " as a next_token: other callers may page with their own tokens meanwhile.",
-        ),
-        Rule(
-            "csi.snapshot-missing",
-            MUST,
-            (PLUGIN,),
-            f"{title} §DeleteVolume, §ListSnapshots",
-            "A snapshot the plugin reported within the last 15 s, with no delete of it sent"
-            " since, is missing from a ListSnapshots filtered by its snapshot_id, or is refused"
-            " as a CreateVolume source with NOT_FOUND.",
-            reject_code=None,
-            note="A snapshot outlives its volume's deletion, stays usable as a source and is"
-            " listed (§DeleteVolume), and a listing holds every snapshot its filters match"
-            " (§ListSnapshots). Judged only within a leader-election lease of the last answer"
-            f" reporting the snapshot ({HANDOVER:.0f} s): later, another replica may have"
-            " deleted it. A listing also filtered by source_volume_id, or paged, is not judged.",
-        ),
-        Rule(
             "csi.topology-prefix-inconsistent",
             MUST,
             (PLUGIN,),
@@ -601,32 +471,6 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " ONLINE.",
             ),
             Rule(
-                "csi.snapshot-lost",
-                MUST,
-                (PLUGIN,),
-                f"{title} §GetSnapshot",
-                "GetSnapshot answers NOT_FOUND for a snapshot created, not yet ready and not"
-                " deleted on this socket.",
-                reject_code=None,
-                note='"Snapshots which were recently created and not yet ready to use must be'
-                f' retrievable" (lower case in the text): judged for {SNAPSHOT_RECENT:.0f} s'
-                " after the create, while the last answer said not ready; a DeleteSnapshot or"
-                " DeleteVolumeGroupSnapshot request seen for it ends the judgement.",
-            ),
-            Rule(
-                "csi.delete-group-member",
-                MUST,
-                (CO,),
-                f"{title} §DeleteSnapshot",
-                "DeleteSnapshot of a snapshot the plugin returned with a non-empty"
-                " group_snapshot_id.",
-                reject_code=None,
-                note="The CO SHALL NOT; such a snapshot is deleted with its group"
-                " (DeleteVolumeGroupSnapshot). The plugin's INVALID_ARGUMENT for it is the"
-                " answer; a retry after it is this rule again, or csi.retry-without-change"
-                " when identical.",
-            ),
-            Rule(
                 "csi.expand-already-large-refused",
                 SHOULD,
                 (PLUGIN,),
@@ -641,49 +485,6 @@ def _rules(title: str, v1: bool) -> tuple[Rule, ...]:
                 " shrinks. Only OUT_OF_RANGE is judged: NOT_FOUND, FAILED_PRECONDITION and"
                 " INVALID_ARGUMENT have causes outside the size (a delete, a publication, the"
                 " capability).",
-            ),
-            Rule(
-                "csi.deleted-group-answered",
-                SHOULD,
-                (PLUGIN,),
-                f"{title} §GetVolumeGroupSnapshot",
-                "GetVolumeGroupSnapshot answered OK for a group snapshot whose"
-                " DeleteVolumeGroupSnapshot answered OK within the last 15 s (a group that no"
-                " longer exists should get NOT_FOUND).",
-                reject_code=None,
-                note="Lower case in the text. Judged only within a leader-election lease of the"
-                " delete: later, another replica may have created a group that got the same id"
-                " (plugins often derive ids from names); a create answering the id ends it.",
-            ),
-            Rule(
-                "csi.group-id-mismatch",
-                MUST,
-                (CO,),
-                f"{title} §The ready to use Parameter",
-                "GetVolumeGroupSnapshot or DeleteVolumeGroupSnapshot names in snapshot_ids a"
-                " snapshot the plugin returned with another group_snapshot_id, or created"
-                " alone by CreateSnapshot (an independent snapshot).",
-                reject_code=None,
-                note="Snapshot.group_snapshot_id: the CO MUST use it in later group operations"
-                " to say which group a snapshot belongs to, and SHALL treat a snapshot without"
-                " one as independent. A snapshot's group never changes, so the memory of it"
-                " holds for the hour like the other snapshot memory; the plugin's INVALID_ARGUMENT"
-                " is the answer the table gives.",
-            ),
-            Rule(
-                "csi.metadata-restart-offset",
-                SHOULD,
-                (CO,),
-                f"{title} §{{rpc}}",
-                "A GetMetadata* starting_offset beyond anything it can continue: past the"
-                " volume_capacity_bytes a stream reported for the snapshot, or past the end of"
-                " a complete stream (from a lower offset) for the same snapshot(s).",
-                reject_code=None,
-                note="The CO SHOULD pass 0 or the byte after the last range received. A"
-                " complete stream (status OK) holds every range from its starting_offset, and"
-                " snapshots do not change, so no range received through any replica ends past"
-                " it; offsets within what was sent are never judged, as ranges in flight may"
-                " be lost.",
             ),
         ]
     return tuple(rules)
@@ -732,7 +533,7 @@ V0 = _Fields(
 
 
 @dataclass(frozen=True)
-class ConsistencyChecks:
+class VolumeChecks:
     """The family's checks, bound to one CSI version's field names."""
 
     f: _Fields
@@ -740,7 +541,7 @@ class ConsistencyChecks:
     # -- volume_context ---------------------------------------------------------------
 
     def _plugin_context(
-        self, cs: CompiledSpec, mem: ConsistencyState, vol: Any, rpc: str, where: str, now: float
+        self, cs: CompiledSpec, mem: VolumeMemory, vol: Any, rpc: str, where: str, now: float
     ) -> Violation | None:
         """Compare a Volume ControllerGetVolume returned; remember it (list_volumes_response
         does the same inline)."""
@@ -757,7 +558,7 @@ class ConsistencyChecks:
     def _other_context(
         self,
         cs: CompiledSpec,
-        mem: ConsistencyState,
+        mem: VolumeMemory,
         vid: str,
         values: Mapping[str, str],
         fingerprint: int,
@@ -797,7 +598,8 @@ class ConsistencyChecks:
         if cap > 0 and req.HasField("volume_content_source"):
             source = req.volume_content_source
             if source.HasField("snapshot"):
-                snap = mem.snapshots.get(getattr(source.snapshot, self.f.snapshot_id))
+                sid = getattr(source.snapshot, self.f.snapshot_id)
+                snap = st.part(SnapshotMemory).snapshots.get(sid)
                 if snap is not None and snap.size > cap:
                     yield Violation(
                         cs.rule("volume-smaller-than-snapshot"),
@@ -885,7 +687,6 @@ class ConsistencyChecks:
             )
             if changed is not None:
                 yield changed
-        self._token_handed_out(mem, call, resp)
 
     def controller_get_volume_response(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
@@ -929,7 +730,7 @@ class ConsistencyChecks:
             return
         mem = _mem(st)
         vid = req.volume_id
-        pubs = mem.publishes.get(vid)
+        pubs = st.publications.get(vid)
         sent = call.stage_state.get(_GET_SENT)
         if not pubs or sent is None:
             return
@@ -975,9 +776,7 @@ class ConsistencyChecks:
 
     # -- publish_context and ControllerPublishVolume ------------------------------------
 
-    def _trusted(
-        self, mem: ConsistencyState, st: SpecState, vid: str, node: str, at: float
-    ) -> bool:
+    def _trusted(self, mem: VolumeMemory, st: SpecState, vid: str, node: str, at: float) -> bool:
         """Whether a publication this proxy saw cannot have been undone elsewhere since."""
         if mem.clock() - at <= HANDOVER:
             return True
@@ -989,7 +788,7 @@ class ConsistencyChecks:
     ) -> Iterable[Violation]:
         vid, node = req.volume_id, req.node_id
         mem = _mem(st)
-        pubs = mem.publishes.get(vid)
+        pubs = st.publications.get(vid)
         if not pubs or not node:
             return
         prev = pubs.get(node)
@@ -1027,21 +826,17 @@ class ConsistencyChecks:
         vid, node = req.volume_id, req.node_id
         if not vid or not node or resp is None:
             return
-        mem = _mem(st)
         context = getattr(resp, self.f.publish_context)
-        pubs = mem.publishes.get(vid) or {}
-        pubs.pop(node, None)  # re-inserted last: the oldest go first when trimmed
-        pubs[node] = _Publish(
+        publication = Publication(
             args=_without(req, self.f.publish_secrets),
             context=map_digest(context),
             context_size=len(context),
             secrets=map_digest(getattr(req, self.f.publish_secrets)),
             single_node=_mode_name(req.volume_capability).startswith("SINGLE_NODE"),
-            at=mem.clock(),
+            at=st.clock(),
             mode=_publish_mode(req),
         )
-        _trim(pubs)
-        mem.publishes[vid] = pubs
+        st.controller_published(vid, node, publication)
 
     def controller_publish_error(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
@@ -1055,7 +850,7 @@ class ConsistencyChecks:
         if row is None or not req.node_id:
             return
         mem = _mem(st)
-        pubs = mem.publishes.get(req.volume_id)
+        pubs = st.publications.get(req.volume_id)
         pub = pubs.get(req.node_id) if pubs else None
         if pub is None or not pub.mode or pub.mode != _publish_mode(req):
             return
@@ -1072,16 +867,7 @@ class ConsistencyChecks:
         )
 
     def controller_unpublished(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
-        mem = _mem(st)
-        pubs = mem.publishes.get(req.volume_id)
-        if pubs is None:
-            return
-        if req.node_id:
-            pubs.pop(req.node_id, None)
-        else:
-            pubs.clear()
-        if not pubs:
-            del mem.publishes[req.volume_id]
+        st.controller_unpublished(req.volume_id, req.node_id)
 
     def controller_unpublish_error(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
@@ -1096,7 +882,7 @@ class ConsistencyChecks:
         mem = _mem(st)
         if req.volume_id:
             mem.unpublish_sent[req.volume_id] = mem.clock()
-        pubs = mem.publishes.get(req.volume_id)
+        pubs = st.publications.get(req.volume_id)
         if not pubs:
             return
         if req.node_id:
@@ -1124,7 +910,7 @@ class ConsistencyChecks:
         if node is None:
             return
         mem = _mem(st)
-        pubs = mem.publishes.get(req.volume_id)
+        pubs = st.publications.get(req.volume_id)
         pub = pubs.get(node) if pubs else None
         if pub is None or not self._trusted(mem, st, req.volume_id, node, pub.at):
             return
@@ -1173,6 +959,7 @@ class ConsistencyChecks:
 
     def deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
         _mem(st).forget_volume(req.volume_id)
+        st.publications.pop(req.volume_id, None)
 
     def delete_volume_error(
         self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
@@ -1303,7 +1090,7 @@ class ConsistencyChecks:
         _trim(vol.staged)
         vol.empty_since = None
 
-    def _emptied(self, mem: ConsistencyState, vol: _Volume, by: str) -> None:
+    def _emptied(self, mem: VolumeMemory, vol: _Volume, by: str) -> None:
         if not vol.in_use():
             vol.empty_since, vol.empty_by = mem.clock(), by
 
@@ -1377,10 +1164,10 @@ class ConsistencyChecks:
         vol = mem.volumes.get(req.volume_id)
         if vol is None or vol.created_at is None or vol.in_use():
             return
-        pubs = mem.publishes.get(req.volume_id)
+        pubs = st.publications.get(req.volume_id)
         if pubs and (node in pubs or _full(pubs)):
             return
-        if mem.publishes.dropped_after(vol.created_at):
+        if st.publications.dropped_after(vol.created_at):
             return  # a publish to the node may have been dropped to make room
         controller = st.known_capabilities("controller")
         if controller is None or "PUBLISH_UNPUBLISH_VOLUME" not in controller:
@@ -1416,9 +1203,9 @@ class ConsistencyChecks:
             enforceable=False,
         )
 
-    def _published_where(self, mem: ConsistencyState, vid: str) -> str | None:
+    def _published_where(self, st: SpecState, mem: VolumeMemory, vid: str) -> str | None:
         now = mem.clock()
-        pubs = mem.publishes.get(vid)
+        pubs = st.publications.get(vid)
         if pubs:
             latest = max(p.at for p in pubs.values())
             return f"ControllerPublished to {len(pubs)} node(s), the latest {ago(now - latest)}"
@@ -1477,7 +1264,7 @@ class ConsistencyChecks:
             since = min([*vol.staged.values(), *(t.at for t in vol.targets.values())])
             where = f"staged or published on this node since {ago(mem.clock() - since)}"
         else:
-            for node, pub in (mem.publishes.get(vid) or {}).items():
+            for node, pub in (st.publications.get(vid) or {}).items():
                 if self._trusted(mem, st, vid, node, pub.at):
                     where = f"ControllerPublished {ago(mem.clock() - pub.at)} and not unpublished"
                     break
@@ -1502,7 +1289,7 @@ class ConsistencyChecks:
         plugin = st.known_capabilities("plugin")
         if plugin is None:
             return
-        where = self._published_where(_mem(st), req.volume_id)
+        where = self._published_where(st, _mem(st), req.volume_id)
         if where is None:
             return
         if "OFFLINE" in plugin and "ONLINE" not in plugin:
@@ -1527,417 +1314,16 @@ class ConsistencyChecks:
                 party=PLUGIN,
             )
 
-    # -- snapshots ----------------------------------------------------------------------
-
-    def _remember_snapshot(self, mem: ConsistencyState, snap: Any, rpc: str, created: bool) -> None:
-        sid = getattr(snap, self.f.snapshot_id)
-        if not sid:
-            return
-        now = mem.clock()
-        prev = mem.snapshots.get(sid)
-        group = snap.group_snapshot_id if self.f.v1 else ""
-        ready = snap.ready_to_use if self.f.v1 else None
-        if prev is None:
-            mem.snapshots[sid] = _Snapshot(
-                snap.size_bytes, group, rpc, now, now if created else None, ready, now
-            )
-            return
-        prev.seen = now
-        prev.size = snap.size_bytes or prev.size
-        prev.group = group or prev.group
-        prev.ready = ready
-        if created and prev.created_at is None:
-            prev.created_at = now
-        mem.snapshots[sid] = prev
-
-    def create_snapshot_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        if not resp.HasField("snapshot"):
-            return
-        mem = _mem(st)
-        self._remember_snapshot(mem, resp.snapshot, "CreateSnapshot", True)
-        sid = getattr(resp.snapshot, self.f.snapshot_id)
-        yield from _same_id(cs, mem, "CreateSnapshot", req, sid, f"snapshot.{self.f.snapshot_id}")
-
-    def get_snapshot_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        if resp.HasField("snapshot"):
-            self._remember_snapshot(_mem(st), resp.snapshot, "GetSnapshot", False)
-        return ()
-
-    def list_snapshots_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        if (
-            req.snapshot_id
-            and not req.source_volume_id
-            and not req.starting_token
-            and list_length(call, resp, "entries") == 0
-        ):
-            yield from self._snapshot_missing(
-                cs,
-                mem,
-                call,
-                req.snapshot_id,
-                "ListSnapshots filtered by its snapshot_id answered no entry",
-            )
-        for entry in resp.entries:
-            if entry.HasField("snapshot"):
-                self._remember_snapshot(mem, entry.snapshot, "ListSnapshots", False)
-        self._token_handed_out(mem, call, resp)
-
-    def _snapshot_missing(
-        self, cs: CompiledSpec, mem: ConsistencyState, call: Call, sid: str, what: str
-    ) -> Iterable[Violation]:
-        """A snapshot the plugin reported moments ago, before the request came, and no
-        delete of it was sent since."""
-        snap = mem.snapshots.get(sid)
-        now = mem.clock()
-        asked = call.stage_state.get(_ASKED)
-        if snap is None or asked is None or snap.at > asked or now - snap.seen > HANDOVER:
-            return
-        yield Violation(
-            cs.rule("snapshot-missing"),
-            "",
-            f"{what}, but {snap.rpc} reported the snapshot {ago(now - snap.at)} (last seen"
-            f" {ago(now - snap.seen)}) and no delete of it was sent since",
-            party=PLUGIN,
-        )
-
-    def create_volume_error(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
-    ) -> Iterable[Violation]:
-        if code != "NOT_FOUND" or not req.HasField("volume_content_source"):
-            return
-        source = req.volume_content_source
-        if source.HasField("snapshot"):
-            sid = getattr(source.snapshot, self.f.snapshot_id)
-            yield from self._snapshot_missing(
-                cs, _mem(st), call, sid, "CreateVolume from the snapshot answered NOT_FOUND"
-            )
-
-    def create_volume_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        if req.HasField("volume_content_source"):
-            call.stage_state[_ASKED] = _mem(st).clock()  # a snapshot seen after is not judged
-        return ()
-
-    def delete_snapshot_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        # Whatever the answer, the snapshot may be gone: judged no more.
-        snap = mem.snapshots.pop(req.snapshot_id, None)
-        _forget_created(mem, req.snapshot_id)
-        if self.f.v1 and snap is not None and snap.group:
-            yield Violation(
-                cs.rule("delete-group-member"),
-                "snapshot_id",
-                f"DeleteSnapshot of a snapshot {snap.rpc} returned {ago(mem.clock() - snap.at)}"
-                " with a group_snapshot_id: it is deleted with its group"
-                " (DeleteVolumeGroupSnapshot)",
-            )
-
-    def get_snapshot_error(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
-    ) -> Iterable[Violation]:
-        if code != "NOT_FOUND":
-            return
-        mem = _mem(st)
-        snap = mem.snapshots.get(req.snapshot_id)
-        if snap is None or snap.created_at is None or snap.ready is not False:
-            return
-        age = mem.clock() - snap.created_at
-        if age > SNAPSHOT_RECENT:
-            return
-        yield Violation(
-            cs.rule("snapshot-lost"),
-            "snapshot_id",
-            f"GetSnapshot answered NOT_FOUND for a snapshot {snap.rpc} returned {ago(age)},"
-            " not yet ready to use and not deleted through this socket; recently created"
-            " snapshots must be retrievable",
-            party=PLUGIN,
-        )
-
-    # -- group snapshots ----------------------------------------------------------------
-
-    def _group_members(self, mem: ConsistencyState, group: Any, rpc: str, created: bool) -> None:
-        for snap in group.snapshots:
-            self._remember_snapshot(mem, snap, rpc, created)
-
-    def create_group_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        if not resp.HasField("group_snapshot"):
-            return ()
-        mem = _mem(st)
-        group = resp.group_snapshot
-        self._group_members(mem, group, "CreateVolumeGroupSnapshot", True)
-        gid = group.group_snapshot_id
-        mem.deleted_groups.pop(gid, None)
-        out = list(
-            _same_id(
-                cs, mem, "CreateVolumeGroupSnapshot", req, gid, "group_snapshot.group_snapshot_id"
-            )
-        )
-        known = mem.groups.get(gid) if gid else None
-        if known is not None and map_digest(req.secrets) != known.secrets:
-            # A create repeated for the group (polling until it is ready) is an operation on
-            # it as well; the request names no group id, so it is compared here.
-            out.append(
-                Violation(
-                    cs.rule("secrets-changed"),
-                    "secrets",
-                    f"secrets differ from those {known.rpc} passed for this group snapshot"
-                    f" {ago(mem.clock() - known.at)} (compared as digests); they SHOULD be the"
-                    " same for all operations on it",
-                    party=CO,
-                )
-            )
-        elif gid and known is None:
-            mem.groups[gid] = _Group(
-                map_digest(req.secrets),
-                "CreateVolumeGroupSnapshot",
-                mem.clock(),
-                tuple(s.snapshot_id for s in group.snapshots),
-            )
-        return out
-
-    def group_deleted(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
-        if req.group_snapshot_id:
-            mem = _mem(st)
-            mem.deleted_groups[req.group_snapshot_id] = mem.clock()
-
-    def get_group_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        gone = mem.deleted_groups.get(req.group_snapshot_id)
-        if gone is not None:
-            return (
-                Violation(
-                    cs.rule("deleted-group-answered"),
-                    "",
-                    "GetVolumeGroupSnapshot answered OK for a group snapshot"
-                    f" DeleteVolumeGroupSnapshot deleted {ago(mem.clock() - gone)}; a group"
-                    " that no longer exists should get NOT_FOUND",
-                ),
-            )
-        if not resp.HasField("group_snapshot"):
-            return ()
-        group = resp.group_snapshot
-        self._group_members(mem, group, "GetVolumeGroupSnapshot", False)
-        gid = req.group_snapshot_id
-        if gid and gid not in mem.groups:
-            mem.groups[gid] = _Group(
-                map_digest(req.secrets),
-                "GetVolumeGroupSnapshot",
-                mem.clock(),
-                tuple(s.snapshot_id for s in group.snapshots),
-            )
-        return ()
-
-    def _group_secrets(
-        self, cs: CompiledSpec, mem: ConsistencyState, req: Any
-    ) -> Iterable[Violation]:
-        group = mem.groups.get(req.group_snapshot_id)
-        if group is not None and map_digest(req.secrets) != group.secrets:
-            yield Violation(
-                cs.rule("secrets-changed"),
-                "secrets",
-                f"secrets differ from those {group.rpc} passed for this group snapshot"
-                f" {ago(mem.clock() - group.at)} (compared as digests); they SHOULD be the"
-                " same for all operations on it",
-            )
-
-    def _group_ids(self, cs: CompiledSpec, mem: ConsistencyState, req: Any) -> Iterable[Violation]:
-        """snapshot_ids of a group operation name members of that group only."""
-        gid = req.group_snapshot_id
-        for i, sid in enumerate(req.snapshot_ids):
-            snap = mem.snapshots.get(sid)
-            if snap is None:
-                continue
-            if snap.group and snap.group != gid:
-                why = "with another group_snapshot_id"
-            elif not snap.group and snap.rpc == "CreateSnapshot":
-                why = "from CreateSnapshot, without a group_snapshot_id (an independent snapshot)"
-            else:
-                continue
-            yield Violation(
-                cs.rule("group-id-mismatch"),
-                f"snapshot_ids[{i}]",
-                f"snapshot_ids[{i}] names a snapshot {snap.rpc} returned"
-                f" {ago(mem.clock() - snap.at)} {why}; a group operation names its own"
-                " group's snapshots",
-            )
-            return
-
-    def get_group_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        yield from self._group_secrets(cs, mem, req)
-        yield from self._group_ids(cs, mem, req)
-
-    def delete_group_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        yield from self._group_secrets(cs, mem, req)
-        yield from self._group_ids(cs, mem, req)
-        # The group goes with its members, whatever the answer: judged no more.
-        group = mem.groups.pop(req.group_snapshot_id, None)
-        _forget_created(mem, req.group_snapshot_id)
-        for sid in (*req.snapshot_ids, *(group.members if group is not None else ())):
-            mem.snapshots.pop(sid, None)
-            _forget_created(mem, sid)
-        if req.group_snapshot_id:
-            call.stage_state[_GROUP] = group or _Group(
-                map_digest(req.secrets), "DeleteVolumeGroupSnapshot", mem.clock(), ()
-            )
-
-    def delete_group_error(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
-    ) -> Iterable[Violation]:
-        # A refused delete (in use, a transport error) leaves the group there: its secrets
-        # stay the ones a retry is compared with. NOT_FOUND says it is gone.
-        group = call.stage_state.get(_GROUP)
-        mem = _mem(st)
-        gid = req.group_snapshot_id
-        if isinstance(group, _Group) and code != "NOT_FOUND" and gid not in mem.groups:
-            mem.groups[gid] = group
-        return ()
-
-    # -- listings -----------------------------------------------------------------------
-
-    def list_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        mem = _mem(st)
-        if call.method.name == "ListSnapshots" and req.snapshot_id:
-            call.stage_state[_ASKED] = mem.clock()
-        if not mem.aborted or not req.starting_token:
-            return
-        at = mem.aborted.get((call.method.name, digest(req.starting_token.encode())))
-        if at is not None:
-            yield Violation(
-                cs.rule("list-restart-expected"),
-                "starting_token",
-                f"starting_token is the one {call.method.name} answered ABORTED (invalid)"
-                f" {ago(mem.clock() - at)}; the listing SHOULD start again with an empty"
-                " starting_token",
-            )
-
-    def list_error(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, code: str
-    ) -> Iterable[Violation]:
-        if code == "ABORTED" and req.starting_token:
-            mem = _mem(st)
-            key = (call.method.name, digest(req.starting_token.encode()))
-            mem.aborted[key] = mem.clock()
-        return ()
-
-    @staticmethod
-    def _token_handed_out(mem: ConsistencyState, call: Call, resp: Any) -> None:
-        # A token the plugin hands out again is valid again.
-        if mem.aborted and resp.next_token:
-            mem.aborted.pop((call.method.name, digest(resp.next_token.encode())), None)
-
-    # -- snapshot metadata streams ------------------------------------------------------
-
-    @staticmethod
-    def _stream_key(call: Call, req: Any) -> tuple[tuple[str, ...], str]:
-        """(the stream's memory key, the snapshot whose volume capacity it reports)."""
-        if call.method.name == "GetMetadataDelta":
-            return ("delta", req.base_snapshot_id, req.target_snapshot_id), req.target_snapshot_id
-        return ("allocated", req.snapshot_id), req.snapshot_id
-
-    def metadata_request(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any
-    ) -> Iterable[Violation]:
-        start = req.starting_offset
-        call.stage_state[_STREAM] = _Ranges(max(start, 0))
-        if start <= 0:
-            return
-        mem = _mem(st)
-        key, snapshot = self._stream_key(call, req)
-        now = mem.clock()
-        capacity = mem.capacities.get(snapshot)
-        if capacity is not None and start > capacity[0]:
-            yield Violation(
-                cs.rule("metadata-restart-offset"),
-                "starting_offset",
-                f"starting_offset {start} is past the volume_capacity_bytes {capacity[0]} a"
-                f" metadata stream reported for this snapshot {ago(now - capacity[1])}; it"
-                " SHOULD be 0 or the byte after the last range received",
-            )
-            return
-        done = mem.streams.get(key)
-        if done is not None and start > done.end:
-            yield Violation(
-                cs.rule("metadata-restart-offset"),
-                "starting_offset",
-                f"starting_offset {start} is past the end {done.end} of the complete"
-                f" {call.method.name} stream this socket relayed for the same snapshot(s)"
-                f" {ago(now - done.at)}: no range received ends there; it SHOULD be 0 or the"
-                " byte after the last range received",
-            )
-
-    def metadata_response(
-        self, cs: CompiledSpec, st: SpecState, call: Call, req: Any, resp: Any
-    ) -> Iterable[Violation]:
-        ranges = call.stage_state.get(_STREAM)
-        if not isinstance(ranges, _Ranges):
-            return ()
-        if not ranges.capacity_seen and resp.volume_capacity_bytes > 0:
-            ranges.capacity_seen = True
-            mem = _mem(st)
-            mem.capacities[self._stream_key(call, req)[1]] = (
-                resp.volume_capacity_bytes,
-                mem.clock(),
-            )
-        blocks = resp.block_metadata
-        if len(blocks) < list_length(call, resp, "block_metadata"):
-            ranges.ordered = False  # a sample: the true last range may be unseen
-        if blocks:
-            # The stream's end is its last range's: O(1) a message, whatever its size.
-            # Disorder across messages makes the end untrustworthy here; inside a message
-            # csi.metadata-order finds it (metadata_done reads its verdict).
-            last = blocks[-1]
-            end = last.byte_offset + last.size_bytes
-            if end < ranges.end or blocks[0].byte_offset < ranges.end:
-                ranges.ordered = False
-            ranges.end = max(ranges.end, end)
-        return ()
-
-    def metadata_done(self, st: SpecState, call: Call, req: Any, resp: Any) -> None:
-        ranges = call.stage_state.get(_STREAM)
-        # csi.metadata-order (csi_responses) judged the order inside the messages.
-        judged = call.stage_state.get(csi_responses.STREAM_KEY)
-        if judged is not None and "metadata-order" in judged.reported:
-            return
-        if isinstance(ranges, _Ranges) and ranges.ordered:
-            mem = _mem(st)
-            mem.streams[self._stream_key(call, req)[0]] = _Stream(ranges.end, mem.clock())
-
 
 def hooks(title: str, v1: bool) -> Hooks:
     """The family's rules and checks for the CSI version cited as ``title``."""
-    c = ConsistencyChecks(V1 if v1 else V0)
+    c = VolumeChecks(V1 if v1 else V0)
     request: dict[str, tuple[Any, ...]] = {
-        "CreateVolume": (c.create_volume_request,),
         "ControllerPublishVolume": (c.controller_publish_request,),
         "ControllerUnpublishVolume": (c.controller_unpublish_request,),
         "ValidateVolumeCapabilities": (c.validate_request,),
         "NodeStageVolume": (c.node_stage_request,),
         "NodePublishVolume": (c.node_publish_request,),
-        "ListVolumes": (c.list_request,),
-        "ListSnapshots": (c.list_request,),
-        "DeleteSnapshot": (c.delete_snapshot_request,),
     }
     response: dict[str, tuple[Any, ...]] = {
         "CreateVolume": (c.create_volume_response,),
@@ -1945,8 +1331,6 @@ def hooks(title: str, v1: bool) -> Hooks:
         "ControllerPublishVolume": (c.controller_publish_response,),
         "NodePublishVolume": (c.node_publish_response,),
         "NodeGetInfo": (c.node_info_response,),
-        "CreateSnapshot": (c.create_snapshot_response,),
-        "ListSnapshots": (c.list_snapshots_response,),
     }
     success: dict[str, tuple[Any, ...]] = {
         "CreateVolume": (c.created,),
@@ -1959,7 +1343,6 @@ def hooks(title: str, v1: bool) -> Hooks:
         "NodeUnpublishVolume": (c.unpublished,),
     }
     error: dict[str, tuple[Any, ...]] = {
-        "CreateVolume": (c.create_volume_error,),
         "ControllerPublishVolume": (c.controller_publish_error,),
         "DeleteVolume": (c.delete_volume_error,),
         "ControllerUnpublishVolume": (c.controller_unpublish_error,),
@@ -1967,8 +1350,6 @@ def hooks(title: str, v1: bool) -> Hooks:
         "NodeUnstageVolume": (c.node_unstage_error,),
         "NodePublishVolume": (c.not_controller_published, c.node_publish_error),
         "NodeUnpublishVolume": (c.node_unpublish_error,),
-        "ListVolumes": (c.list_error,),
-        "ListSnapshots": (c.list_error,),
     }
     needs: dict[str, tuple[str, ...]] = {}
     if v1:
@@ -1976,34 +1357,16 @@ def hooks(title: str, v1: bool) -> Hooks:
             "ControllerExpandVolume": (c.controller_expand_request,),
             "NodeExpandVolume": (c.node_expand_request,),
             "ControllerGetVolume": (c.controller_get_volume_request,),
-            "GetVolumeGroupSnapshot": (c.get_group_request,),
-            "DeleteVolumeGroupSnapshot": (c.delete_group_request,),
-            "GetMetadataAllocated": (c.metadata_request,),
-            "GetMetadataDelta": (c.metadata_request,),
         }
-        response |= {
-            "ControllerGetVolume": (c.controller_get_volume_response,),
-            "GetSnapshot": (c.get_snapshot_response,),
-            "CreateVolumeGroupSnapshot": (c.create_group_response,),
-            "GetVolumeGroupSnapshot": (c.get_group_response,),
-            "GetMetadataAllocated": (c.metadata_response,),
-            "GetMetadataDelta": (c.metadata_response,),
-        }
+        response |= {"ControllerGetVolume": (c.controller_get_volume_response,)}
         success |= {
             "NodeGetVolumeStats": (c.in_use,),
-            "GetMetadataAllocated": (c.metadata_done,),
-            "GetMetadataDelta": (c.metadata_done,),
-        }
-        success |= {
-            "DeleteVolumeGroupSnapshot": (c.group_deleted,),
             "ControllerExpandVolume": (c.controller_expanded,),
             "NodeExpandVolume": (c.node_expanded,),
         }
         error |= {
             "ControllerExpandVolume": (c.controller_expand_error,),
             "NodeExpandVolume": (c.node_expand_error,),
-            "GetSnapshot": (c.get_snapshot_error,),
-            "DeleteVolumeGroupSnapshot": (c.delete_group_error,),
         }
         # ONLINE/OFFLINE expansion is a plugin capability, EXPAND_VOLUME a controller one.
         needs = {"ControllerExpandVolume": ("plugin", "controller")}
