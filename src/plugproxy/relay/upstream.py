@@ -341,12 +341,14 @@ class _Client(asyncio.Protocol):
         try:
             return await asyncio.wait_for(asyncio.shield(done), timeout)
         except TimeoutError:
+            _abandon(done)
             self.h2.reset(end, frames.CANCEL)
             self.h2.flush()
             raise UpstreamError(StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except asyncio.CancelledError:
             # Nobody waits for the answer any more (a task ended at shutdown): cancel the
             # stream, so that close() does not fail it into a future no one retrieves.
+            _abandon(done)
             self.h2.reset(end, frames.CANCEL)
             self.h2.flush()
             raise
@@ -430,6 +432,16 @@ class _Client(asyncio.Protocol):
     def on_failed(self, conn: H2Connection, code: int, reason: str) -> None:
         self._fail_all(f"HTTP/2 error from the plugin: {reason}")
         asyncio.get_running_loop().call_soon(conn.close)
+
+
+def _abandon(done: asyncio.Future[bytes]) -> None:
+    """Nobody will read ``done``: an answer that came while the wait was given up (the
+    plugin's own DEADLINE_EXCEEDED arrives with the proxy's timeout) is taken here, and a
+    later one is not set at all, so asyncio reports no unretrieved exception."""
+    if not done.done():
+        done.cancel()
+    elif not done.cancelled():
+        done.exception()
 
 
 __all__ = ["Upstream", "UpstreamError"]
