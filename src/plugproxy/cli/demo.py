@@ -18,10 +18,9 @@ from typing import Any, TextIO
 import grpc
 from google.protobuf import json_format
 
-from plugproxy.cli import demo_cosi, demo_k8s, report, serve
-from plugproxy.cli.tee import Tee
+from plugproxy.cli import demo_cosi, demo_k8s, report
+from plugproxy.cli.tee import start_demo_proxy
 from plugproxy.core.endpoints import ConfigError
-from plugproxy.core.log import Logger
 from plugproxy.fakes import start_fake_plugin
 from plugproxy.spec.registry import SPEC_ALIASES, Registry
 
@@ -328,20 +327,12 @@ async def run(ns: argparse.Namespace) -> int:
         traced = await _start_tracing() if ns.trace else None
         provider = traced.plugin_provider if traced is not None else None
         fake = await start_fake_plugin("csi.v1", f"unix://{plugin_sock}", tracer_provider=provider)
-        proxy_settings = serve.parse_settings(
-            [
-                *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
-                *("--admin-listen", "127.0.0.1:0", "--log-payloads", "--log-format", "text"),
-            ],
-            environ={},
+        proxy, log, admin = await start_demo_proxy(
+            plugin_sock,
+            proxy_sock,
+            echo=ns.proxy_log == "stderr",
+            environment=traced.proxy_environment if traced is not None else contextlib.nullcontext,
         )
-        log = Tee(echo=ns.proxy_log == "stderr")
-        with traced.proxy_environment() if traced is not None else contextlib.nullcontext():
-            proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
-        await proxy.start()
-        await proxy.upstream.wait_ready(5)
-        assert proxy.admin is not None
-        admin = f"http://127.0.0.1:{proxy.admin.port}"
         target = f"unix:{proxy_sock}"
         out.write("plugproxy demo: CO -> plugproxy -> fake CSI plugin\n")
         out.write(f"  CO socket     unix://{proxy_sock}\n  plugin socket unix://{plugin_sock}\n")

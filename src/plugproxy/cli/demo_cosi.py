@@ -21,9 +21,8 @@ from typing import Any, TextIO
 
 import grpc
 
-from plugproxy.cli import report, serve
-from plugproxy.cli.tee import Tee
-from plugproxy.core.log import Logger
+from plugproxy.cli import report
+from plugproxy.cli.tee import start_demo_proxy
 from plugproxy.fakes import SpecClient, start_fake_plugin
 from plugproxy.spec.registry import spec_package
 
@@ -158,19 +157,9 @@ async def run(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/driver.sock", f"{tmp}/cosi.sock"
         fake = await start_fake_plugin(SPEC, f"unix://{plugin_sock}")
-        proxy_settings = serve.parse_settings(
-            [
-                *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
-                *("--admin-listen", "127.0.0.1:0", "--log-payloads", "--log-format", "text"),
-            ],
-            environ={},
+        proxy, log, admin = await start_demo_proxy(
+            plugin_sock, proxy_sock, echo=ns.proxy_log == "stderr"
         )
-        log = Tee(echo=ns.proxy_log == "stderr")
-        proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
-        await proxy.start()
-        await proxy.upstream.wait_ready(5)
-        assert proxy.admin is not None
-        admin = f"http://127.0.0.1:{proxy.admin.port}"
         out.write(f"plugproxy demo: COSI system -> plugproxy -> fake COSI driver ({SPEC})\n")
         out.write(f"  COSI socket   unix://{proxy_sock}\n  driver socket unix://{plugin_sock}\n")
         out.write(f"  admin         {admin}  (/metrics /healthz /readyz /violations)\n\n")

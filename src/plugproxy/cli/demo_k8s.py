@@ -24,9 +24,7 @@ from typing import Any, TextIO
 
 import grpc
 
-from plugproxy.cli import serve
-from plugproxy.cli.tee import Tee
-from plugproxy.core.log import Logger
+from plugproxy.cli.tee import start_demo_proxy
 from plugproxy.fakes import FakeKnobs, start_fake_plugin
 from plugproxy.fakes.knobs import served_specs
 from plugproxy.spec.registry import Registry, spec_package
@@ -245,23 +243,14 @@ async def run(spec: str, ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="plugproxy-demo-") as tmp:
         plugin_sock, proxy_sock = f"{tmp}/plugin.sock", f"{tmp}/proxy.sock"
         fake = await start_fake_plugin(spec, f"unix://{plugin_sock}", FakeKnobs(stream_period=0.05))
-        proxy_settings = serve.parse_settings(
-            [
-                *("--listen", f"unix://{proxy_sock}", "--upstream", f"unix://{plugin_sock}"),
-                # A DRA socket serves two DRAPlugin versions and the health service:
-                # auto judges each call by its own.
-                *("--spec", "auto" if spec == "dra.v1" else spec),
-                *("--admin-listen", "127.0.0.1:0"),
-                *("--log-payloads", "--log-format", "text"),
-            ],
-            environ={},
+        proxy, log, admin = await start_demo_proxy(
+            plugin_sock,
+            proxy_sock,
+            # A DRA socket serves two DRAPlugin versions and the health service: auto
+            # judges each call by its own.
+            *("--spec", "auto" if spec == "dra.v1" else spec),
+            echo=ns.proxy_log == "stderr",
         )
-        log = Tee(echo=ns.proxy_log == "stderr")
-        proxy = serve.ProxyServer(proxy_settings, logger=Logger(log, fmt="text"))
-        await proxy.start()
-        await proxy.upstream.wait_ready(5)
-        assert proxy.admin is not None
-        admin = f"http://127.0.0.1:{proxy.admin.port}"
         what = {"kms.v2": "KMS v2 plugin", "dra.v1": "DRA kubelet plugin"}.get(
             spec, "device plugin"
         )
